@@ -1,0 +1,449 @@
+/**
+ * The chain client: every operation the service performs on Solana, through JSON-RPC only,
+ * so one code path serves the embedded local validator and a real cluster.
+ *
+ * A transaction is prepared (built and signed) before it is sent, so its signature is known
+ * and can be recorded first; after a crash the signature is enough to find out what happened.
+ */
+import {
+  appendTransactionMessageInstructions,
+  createTransactionMessage,
+  getBase64EncodedWireTransaction,
+  getSignatureFromTransaction,
+  pipe,
+  setTransactionMessageFeePayerSigner,
+  setTransactionMessageLifetimeUsingBlockhash,
+  signTransactionMessageWithSigners,
+  type Address,
+  type Base64EncodedWireTransaction,
+  type Blockhash,
+  type Instruction,
+  type KeyPairSigner,
+  type Rpc,
+  type Signature,
+  type SolanaRpcApi,
+} from '@solana/kit';
+import * as program from './program.ts';
+
+export type SolanaRpc = Rpc<SolanaRpcApi>;
+
+export interface PreparedTransaction {
+  signature: Signature;
+  wire: Base64EncodedWireTransaction;
+  /** The transaction cannot land after this block height. */
+  lastValidBlockHeight: bigint;
+}
+
+export interface ChainError {
+  /** index of the failing instruction, when the error is an instruction error */
+  instructionIndex: number | null;
+  /** the program's custom error code, when there is one */
+  code: number | null;
+  /** program error name (docs/program.md) or the runtime's error text */
+  name: string;
+  raw: unknown;
+}
+
+export interface TransactionOutcome {
+  signature: Signature;
+  slot: bigint;
+  err: ChainError | null;
+}
+
+export class ConfirmationTimeoutError extends Error {
+  constructor(readonly signature: Signature, timeoutMs: number) {
+    super(`transaction ${signature} not confirmed within ${timeoutMs} ms`);
+    this.name = 'ConfirmationTimeoutError';
+  }
+}
+
+/** Turns a transaction error as JSON-RPC reports it into something the service can branch on. */
+export function parseChainError(raw: unknown): ChainError {
+  if (raw && typeof raw === 'object' && 'InstructionError' in raw) {
+    const [index, inner] = (raw as { InstructionError: [number, unknown] }).InstructionError;
+    if (inner && typeof inner === 'object' && 'Custom' in inner) {
+      const code = Number((inner as { Custom: number | bigint }).Custom);
+      return { instructionIndex: Number(index), code, name: program.programErrorName(code) ?? `Custom(${code})`, raw };
+    }
+    return { instructionIndex: Number(index), code: null, name: String(inner), raw };
+  }
+  return { instructionIndex: null, code: null, name: typeof raw === 'string' ? raw : JSON.stringify(raw, jsonBigint), raw };
+}
+
+function jsonBigint(_key: string, value: unknown): unknown {
+  return typeof value === 'bigint' ? value.toString() : value;
+}
+
+export interface ChainClientOptions {
+  rpc: SolanaRpc;
+  programId: Address;
+  usdcMint: Address;
+  /** the service's key: it signs and pays for every transaction */
+  operator: KeyPairSigner;
+  /** signs escrow refunds and resolutions as arbiter; the operator when absent */
+  arbiter?: KeyPairSigner;
+  /** how often outstanding signatures are polled (default 100 ms) */
+  pollIntervalMs?: number;
+  /** how long a fetched blockhash is reused (default 5 s; clusters accept ~60 s) */
+  blockhashMaxAgeMs?: number;
+}
+
+interface Waiter {
+  resolve(outcome: TransactionOutcome): void;
+  reject(error: Error): void;
+  deadlineMs: number;
+  timeoutMs: number;
+}
+
+/** JSON-RPC caps getSignatureStatuses at 256 signatures per call. */
+const STATUS_BATCH_MAX = 256;
+/** Bounded caches: a PDA costs a few hashes to derive; thousands of vaults fit easily. */
+const PDA_CACHE_MAX = 100_000;
+
+export class ChainClient {
+  readonly rpc: SolanaRpc;
+  readonly programId: Address;
+  readonly usdcMint: Address;
+  readonly operator: KeyPairSigner;
+  readonly arbiter: KeyPairSigner;
+  readonly #pollIntervalMs: number;
+  readonly #blockhashMaxAgeMs: number;
+  #blockhash: { value: { blockhash: Blockhash; lastValidBlockHeight: bigint }; fetchedAtMs: number } | null = null;
+  #blockhashInFlight: Promise<{ blockhash: Blockhash; lastValidBlockHeight: bigint }> | null = null;
+  readonly #pdas = new Map<string, Promise<program.Pda>>();
+  readonly #atas = new Map<string, Promise<Address>>();
+  readonly #waiters = new Map<Signature, Waiter[]>();
+  #pollTimer: NodeJS.Timeout | null = null;
+  #polling = false;
+
+  constructor(options: ChainClientOptions) {
+    this.rpc = options.rpc;
+    this.programId = options.programId;
+    this.usdcMint = options.usdcMint;
+    this.operator = options.operator;
+    this.arbiter = options.arbiter ?? options.operator;
+    this.#pollIntervalMs = options.pollIntervalMs ?? 100;
+    this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Addresses
+
+  #cachedPda(key: string, derive: () => Promise<program.Pda>): Promise<program.Pda> {
+    let pda = this.#pdas.get(key);
+    if (!pda) {
+      if (this.#pdas.size >= PDA_CACHE_MAX) this.#pdas.clear();
+      pda = derive();
+      this.#pdas.set(key, pda);
+    }
+    return pda;
+  }
+
+  ata(owner: Address): Promise<Address> {
+    let ata = this.#atas.get(owner);
+    if (!ata) {
+      if (this.#atas.size >= PDA_CACHE_MAX) this.#atas.clear();
+      ata = program.findAssociatedTokenAddress(owner, this.usdcMint);
+      this.#atas.set(owner, ata);
+    }
+    return ata;
+  }
+
+  async reserveAddresses(orgId: string): Promise<{ reserve: Address; reserveToken: Address }> {
+    const { address: reserve } = await this.#cachedPda(`r:${orgId}`, () =>
+      program.findReservePda(this.programId, program.seedOf(orgId)));
+    return { reserve, reserveToken: await this.ata(reserve) };
+  }
+
+  /** A vault's address is deterministic from (organisation, agent). */
+  async vaultAddresses(orgId: string, agentId: string): Promise<{ vault: Address; vaultToken: Address }> {
+    const { address: vault } = await this.#cachedPda(`v:${orgId}:${agentId}`, () =>
+      program.findVaultPda(this.programId, program.seedOf(orgId), program.seedOf(agentId)));
+    return { vault, vaultToken: await this.ata(vault) };
+  }
+
+  async policyAddress(orgId: string, policyId: string): Promise<Address> {
+    const { address } = await this.#cachedPda(`p:${orgId}:${policyId}`, () =>
+      program.findPolicyPda(this.programId, program.policyKeyOf(orgId, policyId)));
+    return address;
+  }
+
+  async escrowAddresses(escrowId: string): Promise<{ escrow: Address; escrowToken: Address }> {
+    const { address: escrow } = await this.#cachedPda(`e:${escrowId}`, () =>
+      program.findEscrowPda(this.programId, program.seedOf(escrowId)));
+    return { escrow, escrowToken: await this.ata(escrow) };
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Instructions, by service identifiers
+
+  async initReserveIx(orgId: string): Promise<Instruction> {
+    const { reserve, reserveToken } = await this.reserveAddresses(orgId);
+    return program.initReserve(this.programId,
+      { operator: this.operator, reserve, reserveToken, mint: this.usdcMint }, program.seedOf(orgId));
+  }
+
+  async setPolicyIx(orgId: string, policyId: string, limits: program.PolicyLimits): Promise<Instruction> {
+    const policy = await this.policyAddress(orgId, policyId);
+    return program.setPolicy(this.programId, { operator: this.operator, policy },
+      program.policyKeyOf(orgId, policyId), limits);
+  }
+
+  async createVaultIx(orgId: string, agentId: string, policyId: string): Promise<Instruction> {
+    const [{ reserve }, { vault, vaultToken }, policy] = await Promise.all([
+      this.reserveAddresses(orgId), this.vaultAddresses(orgId, agentId), this.policyAddress(orgId, policyId)]);
+    return program.createVault(this.programId,
+      { operator: this.operator, reserve, vault, vaultToken, policy, mint: this.usdcMint },
+      program.seedOf(orgId), program.seedOf(agentId));
+  }
+
+  async attachPolicyIx(orgId: string, agentId: string, policyId: string): Promise<Instruction> {
+    const [{ vault }, policy] = await Promise.all([this.vaultAddresses(orgId, agentId), this.policyAddress(orgId, policyId)]);
+    return program.updateVault(this.programId, { operator: this.operator, vault }, { op: 'attach_policy', policy });
+  }
+
+  async setFrozenIx(orgId: string, agentId: string, frozen: boolean): Promise<Instruction> {
+    const { vault } = await this.vaultAddresses(orgId, agentId);
+    return program.updateVault(this.programId, { operator: this.operator, vault }, { op: frozen ? 'freeze' : 'unfreeze' });
+  }
+
+  async #transferAccounts(orgId: string, agentId: string): Promise<program.TransferAccounts> {
+    const [r, v] = await Promise.all([this.reserveAddresses(orgId), this.vaultAddresses(orgId, agentId)]);
+    return { operator: this.operator, ...r, ...v };
+  }
+
+  async fundIx(orgId: string, agentId: string, amount: bigint): Promise<Instruction> {
+    return program.fund(this.programId, await this.#transferAccounts(orgId, agentId), amount);
+  }
+
+  async withdrawIx(orgId: string, agentId: string, amount: bigint): Promise<Instruction> {
+    return program.withdraw(this.programId, await this.#transferAccounts(orgId, agentId), amount);
+  }
+
+  async payIx(p: {
+    orgId: string;
+    agentId: string;
+    policyId: string;
+    recipient: Address;
+    amount: bigint;
+    attestation: Uint8Array;
+    memo?: Uint8Array;
+  }): Promise<Instruction> {
+    const [{ vault, vaultToken }, policy, recipientToken] = await Promise.all([
+      this.vaultAddresses(p.orgId, p.agentId), this.policyAddress(p.orgId, p.policyId), this.ata(p.recipient)]);
+    return program.pay(this.programId,
+      { operator: this.operator, vault, vaultToken, policy, mint: this.usdcMint, recipient: p.recipient, recipientToken },
+      { amount: p.amount, attestation: p.attestation, memo: p.memo });
+  }
+
+  async escrowCreateIx(p: {
+    orgId: string;
+    agentId: string;
+    policyId: string;
+    escrowId: string;
+    receiver: Address;
+    amount: bigint;
+    taskHash: Uint8Array;
+    expiresAtSeconds: bigint;
+  }): Promise<Instruction> {
+    const [{ vault, vaultToken }, policy, { escrow, escrowToken }] = await Promise.all([
+      this.vaultAddresses(p.orgId, p.agentId), this.policyAddress(p.orgId, p.policyId), this.escrowAddresses(p.escrowId)]);
+    return program.escrowCreate(this.programId,
+      { operator: this.operator, vault, vaultToken, policy, mint: this.usdcMint, escrow, escrowToken,
+        receiver: p.receiver, arbiter: this.arbiter.address },
+      { escrowKey: program.seedOf(p.escrowId), amount: p.amount, taskHash: p.taskHash, expiresAt: p.expiresAtSeconds });
+  }
+
+  async escrowReleaseIx(escrowId: string, receiver: Address): Promise<Instruction> {
+    const [{ escrow, escrowToken }, receiverToken] = await Promise.all([this.escrowAddresses(escrowId), this.ata(receiver)]);
+    return program.escrowRelease(this.programId,
+      { operator: this.operator, escrow, escrowToken, mint: this.usdcMint, receiver, receiverToken });
+  }
+
+  /** By the operator after expiry, or by the arbiter at any time (`asArbiter`). */
+  async escrowRefundIx(escrowId: string, fromVault: Address, asArbiter = false): Promise<Instruction> {
+    const [{ escrow, escrowToken }, vaultToken] = await Promise.all([this.escrowAddresses(escrowId), this.ata(fromVault)]);
+    return program.escrowRefund(this.programId,
+      { signer: asArbiter ? this.arbiter : this.operator, escrow, escrowToken, fromVault, vaultToken });
+  }
+
+  async escrowDisputeIx(escrowId: string): Promise<Instruction> {
+    const { escrow } = await this.escrowAddresses(escrowId);
+    return program.escrowDispute(this.programId, { operator: this.operator, escrow });
+  }
+
+  async escrowResolveIx(escrowId: string, receiver: Address, fromVault: Address,
+    split: { toReceiver: bigint; toSender: bigint }): Promise<Instruction> {
+    const [{ escrow, escrowToken }, receiverToken, vaultToken] = await Promise.all([
+      this.escrowAddresses(escrowId), this.ata(receiver), this.ata(fromVault)]);
+    return program.escrowResolve(this.programId,
+      { arbiter: this.arbiter, escrow, escrowToken, mint: this.usdcMint, receiver, receiverToken, fromVault, vaultToken },
+      split);
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Transactions
+
+  async #latestBlockhash(): Promise<{ blockhash: Blockhash; lastValidBlockHeight: bigint }> {
+    const cached = this.#blockhash;
+    if (cached && Date.now() - cached.fetchedAtMs < this.#blockhashMaxAgeMs) return cached.value;
+    if (!this.#blockhashInFlight) {
+      this.#blockhashInFlight = this.rpc.getLatestBlockhash({ commitment: 'confirmed' }).send()
+        .then(({ value }) => {
+          this.#blockhash = { value, fetchedAtMs: Date.now() };
+          return value;
+        })
+        .finally(() => { this.#blockhashInFlight = null; });
+    }
+    return this.#blockhashInFlight;
+  }
+
+  /** Builds and signs; nothing is sent. The signature identifies the transaction from now on. */
+  async prepare(instructions: readonly Instruction[]): Promise<PreparedTransaction> {
+    const lifetime = await this.#latestBlockhash();
+    const message = pipe(
+      createTransactionMessage({ version: 0 }),
+      (m) => setTransactionMessageFeePayerSigner(this.operator, m),
+      (m) => setTransactionMessageLifetimeUsingBlockhash(lifetime, m),
+      (m) => appendTransactionMessageInstructions(instructions, m),
+    );
+    const signed = await signTransactionMessageWithSigners(message);
+    return {
+      signature: getSignatureFromTransaction(signed),
+      wire: getBase64EncodedWireTransaction(signed),
+      lastValidBlockHeight: lifetime.lastValidBlockHeight,
+    };
+  }
+
+  /**
+   * Sends a prepared transaction. Safe to call again with the same one: the chain executes a
+   * signature at most once.
+   */
+  async submit(prepared: PreparedTransaction): Promise<void> {
+    await this.rpc.sendTransaction(prepared.wire, { encoding: 'base64', skipPreflight: true, maxRetries: 0n }).send();
+  }
+
+  /** prepare + submit + wait for the outcome. */
+  async execute(instructions: readonly Instruction[], timeoutMs = 30_000): Promise<TransactionOutcome> {
+    const prepared = await this.prepare(instructions);
+    await this.submit(prepared);
+    return this.waitForOutcome(prepared.signature, timeoutMs);
+  }
+
+  /** Resolves once the chain has executed the transaction, successfully or not. */
+  waitForOutcome(signature: Signature, timeoutMs = 30_000): Promise<TransactionOutcome> {
+    return new Promise<TransactionOutcome>((resolve, reject) => {
+      const waiter = { resolve, reject, deadlineMs: Date.now() + timeoutMs, timeoutMs };
+      const list = this.#waiters.get(signature);
+      if (list) list.push(waiter);
+      else this.#waiters.set(signature, [waiter]);
+      this.#schedulePoll();
+    });
+  }
+
+  #schedulePoll(): void {
+    if (this.#pollTimer || this.#polling) return;
+    this.#pollTimer = setTimeout(() => {
+      this.#pollTimer = null;
+      void this.#poll();
+    }, this.#pollIntervalMs);
+  }
+
+  /** One poller for all outstanding signatures, in batches of at most 256 per call. */
+  async #poll(): Promise<void> {
+    this.#polling = true;
+    try {
+      const signatures = [...this.#waiters.keys()];
+      for (let start = 0; start < signatures.length; start += STATUS_BATCH_MAX) {
+        const batch = signatures.slice(start, start + STATUS_BATCH_MAX);
+        let statuses;
+        try {
+          ({ value: statuses } = await this.rpc.getSignatureStatuses(batch).send());
+        } catch {
+          continue; // a transient RPC failure: deadlines below still apply, and the next poll retries
+        }
+        batch.forEach((signature, i) => {
+          const status = statuses[i];
+          if (!status || status.confirmationStatus === 'processed') return;
+          const outcome: TransactionOutcome = {
+            signature,
+            slot: status.slot,
+            err: status.err ? parseChainError(status.err) : null,
+          };
+          for (const waiter of this.#waiters.get(signature) ?? []) waiter.resolve(outcome);
+          this.#waiters.delete(signature);
+        });
+      }
+      const nowMs = Date.now();
+      for (const [signature, list] of this.#waiters) {
+        const remaining = list.filter((waiter) => {
+          if (waiter.deadlineMs > nowMs) return true;
+          waiter.reject(new ConfirmationTimeoutError(signature, waiter.timeoutMs));
+          return false;
+        });
+        if (remaining.length) this.#waiters.set(signature, remaining);
+        else this.#waiters.delete(signature);
+      }
+    } finally {
+      this.#polling = false;
+      if (this.#waiters.size) this.#schedulePoll();
+    }
+  }
+
+  /** The chain's record of a signature: null when the chain has never executed it. */
+  async getOutcome(signature: Signature): Promise<TransactionOutcome | null> {
+    const { value } = await this.rpc.getSignatureStatuses([signature], { searchTransactionHistory: true }).send();
+    const status = value[0];
+    if (!status) return null;
+    return { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null };
+  }
+
+  async getBlockHeight(): Promise<bigint> {
+    return this.rpc.getBlockHeight({ commitment: 'confirmed' }).send();
+  }
+
+  // -------------------------------------------------------------------------------------------
+  // Reads
+
+  async getAccountData(account: Address): Promise<Uint8Array | null> {
+    const { value } = await this.rpc.getAccountInfo(account, { encoding: 'base64', commitment: 'confirmed' }).send();
+    if (!value) return null;
+    return new Uint8Array(Buffer.from(value.data[0], 'base64'));
+  }
+
+  /** micro-USDC held by a token account; 0 when it does not exist yet. */
+  async getTokenBalance(tokenAccount: Address): Promise<bigint> {
+    const data = await this.getAccountData(tokenAccount);
+    return data ? program.decodeTokenAmount(data) : 0n;
+  }
+
+  /** micro-USDC held by an owner's associated USDC account (vault, reserve, escrow or any address). */
+  async getUsdcBalance(owner: Address): Promise<bigint> {
+    return this.getTokenBalance(await this.ata(owner));
+  }
+
+  async getVault(vault: Address): Promise<program.VaultAccount | null> {
+    const data = await this.getAccountData(vault);
+    return data ? program.decodeVault(data) : null;
+  }
+
+  async getPolicy(policy: Address): Promise<program.PolicyAccount | null> {
+    const data = await this.getAccountData(policy);
+    return data ? program.decodePolicy(data) : null;
+  }
+
+  async getEscrow(escrow: Address): Promise<program.EscrowAccount | null> {
+    const data = await this.getAccountData(escrow);
+    return data ? program.decodeEscrow(data) : null;
+  }
+
+  /** Stops polling; outstanding waiters are rejected. */
+  close(): void {
+    if (this.#pollTimer) clearTimeout(this.#pollTimer);
+    this.#pollTimer = null;
+    for (const [signature, list] of this.#waiters) {
+      for (const waiter of list) waiter.reject(new ConfirmationTimeoutError(signature, 0));
+    }
+    this.#waiters.clear();
+  }
+}

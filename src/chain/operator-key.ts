@@ -1,0 +1,93 @@
+/**
+ * The operator key: the service's Solana key. It signs and pays for every transaction and is
+ * the `authority` the program checks. Given by AGENT_VAULT_OPERATOR_KEY, or generated into the
+ * data dir on first start (mode 0600). The secret never leaves this module: callers get a
+ * signer whose private key is a non-extractable CryptoKey, and nothing here logs it.
+ */
+import { generateKeyPairSync } from 'node:crypto';
+import { chmodSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { createKeyPairSignerFromBytes, getBase58Decoder, getBase58Encoder, type KeyPairSigner } from '@solana/kit';
+
+export const OPERATOR_KEY_FILE = 'operator-key.json';
+
+/**
+ * Parses a 64-byte Solana secret key (32-byte seed then 32-byte public key), written either as
+ * the CLI's JSON array of numbers or as base58.
+ */
+export function parseSecretKey(text: string): Uint8Array {
+  const trimmed = text.trim();
+  let bytes: Uint8Array;
+  if (trimmed.startsWith('[')) {
+    const numbers: unknown = JSON.parse(trimmed);
+    if (!Array.isArray(numbers) || !numbers.every((n) => Number.isInteger(n) && n >= 0 && n <= 255)) {
+      throw new Error('a JSON key must be an array of bytes');
+    }
+    bytes = Uint8Array.from(numbers as number[]);
+  } else {
+    bytes = new Uint8Array(getBase58Encoder().encode(trimmed));
+  }
+  if (bytes.length !== 64) throw new Error(`a secret key has 64 bytes, this one has ${bytes.length}`);
+  return bytes;
+}
+
+/** A new 64-byte secret key (seed ‖ public key), as the Solana CLI writes them. */
+export function generateSecretKey(): Uint8Array {
+  const { privateKey } = generateKeyPairSync('ed25519');
+  const jwk = privateKey.export({ format: 'jwk' });
+  const secret = new Uint8Array(64);
+  secret.set(Buffer.from(jwk.d!, 'base64url'), 0);
+  secret.set(Buffer.from(jwk.x!, 'base64url'), 32);
+  return secret;
+}
+
+export function writeSecretKeyFile(path: string, secret: Uint8Array): void {
+  mkdirSync(dirname(path), { recursive: true });
+  writeFileSync(path, JSON.stringify([...secret]), { mode: 0o600, flag: 'wx' });
+  chmodSync(path, 0o600);
+}
+
+/** Reads a key file, refusing one that other users can read. */
+export function readSecretKeyFile(path: string): Uint8Array {
+  const mode = statSync(path).mode & 0o777;
+  if ((mode & 0o077) !== 0) {
+    throw new Error(`${path} is readable by other users (mode ${mode.toString(8)}); run chmod 600 on it`);
+  }
+  return parseSecretKey(readFileSync(path, 'utf8'));
+}
+
+/** Loads a key file, creating it with a fresh key when it does not exist yet. */
+export async function loadOrCreateKeyFile(path: string): Promise<KeyPairSigner> {
+  let secret: Uint8Array;
+  try {
+    secret = readSecretKeyFile(path);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+    secret = generateSecretKey();
+    try {
+      writeSecretKeyFile(path, secret);
+    } catch (writeError) {
+      // Another process created it first: use theirs.
+      if ((writeError as NodeJS.ErrnoException).code !== 'EEXIST') throw writeError;
+      secret = readSecretKeyFile(path);
+    }
+  }
+  return createKeyPairSignerFromBytes(secret);
+}
+
+export async function loadOperatorKey(options: { dataDir: string; secretKey?: string }): Promise<KeyPairSigner> {
+  if (options.secretKey) {
+    let secret: Uint8Array;
+    try {
+      secret = parseSecretKey(options.secretKey);
+    } catch (error) {
+      throw new Error(`AGENT_VAULT_OPERATOR_KEY is not a valid secret key: ${(error as Error).message}`);
+    }
+    return createKeyPairSignerFromBytes(secret);
+  }
+  return loadOrCreateKeyFile(join(options.dataDir, OPERATOR_KEY_FILE));
+}
+
+export function encodeSecretKeyBase58(secret: Uint8Array): string {
+  return getBase58Decoder().decode(secret);
+}

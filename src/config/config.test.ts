@@ -1,0 +1,36 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { ConfigError, loadConfig } from './config.ts';
+
+test('defaults: embedded PGlite under ./data and the local validator with 400 ms slots', () => {
+  const config = loadConfig({});
+  assert.equal(config.port, 8080);
+  assert.equal(config.host, '127.0.0.1');
+  assert.equal(config.databaseUrl, null);
+  assert.equal(config.rpcUrl, null);
+  assert.equal(config.slotMs, 400);
+  assert.equal(config.testHelpers, true, 'test helpers default on with the local validator');
+  assert.match(config.dataDir, /\/data$/);
+});
+
+test('test helpers default off against a real cluster', () => {
+  const config = loadConfig({ AGENT_VAULT_RPC_URL: 'https://api.devnet.solana.com' });
+  assert.equal(config.testHelpers, false);
+});
+
+test('a bad value stops start-up with a message naming the variable', () => {
+  const cases: Array<[Record<string, string>, RegExp]> = [
+    [{ PORT: 'eighty' }, /^PORT: must be an integer/],
+    [{ PORT: '70000' }, /^PORT: must be between/],
+    [{ AGENT_VAULT_SLOT_MS: '-1' }, /^AGENT_VAULT_SLOT_MS/],
+    [{ AGENT_VAULT_RPC_URL: 'ftp://x' }, /^AGENT_VAULT_RPC_URL: must use/],
+    [{ DATABASE_URL: 'mysql://x' }, /^DATABASE_URL/],
+    [{ AGENT_VAULT_TEST_HELPERS: 'maybe' }, /^AGENT_VAULT_TEST_HELPERS/],
+    [{ LOG_LEVEL: 'loud' }, /^LOG_LEVEL/],
+    [{ AGENT_VAULT_PROGRAM_ID: 'not-an-address!' }, /^AGENT_VAULT_PROGRAM_ID/],
+    [{ AGENT_VAULT_BOOTSTRAP_KEY: 'short' }, /^AGENT_VAULT_BOOTSTRAP_KEY/],
+  ];
+  for (const [env, message] of cases) {
+    assert.throws(() => loadConfig(env), (error: unknown) => error instanceof ConfigError && message.test(error.message));
+  }
+});

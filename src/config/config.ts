@@ -1,0 +1,114 @@
+/**
+ * Configuration, read from the environment in exactly this one place and validated once at
+ * start: a bad value stops start-up with a message naming the variable.
+ */
+import { resolve } from 'node:path';
+
+export interface Config {
+  port: number;
+  host: string;
+  databaseUrl: string | null;
+  dataDir: string;
+  bootstrapKey: string | null;
+  /** a Solana cluster; null = the embedded local validator */
+  rpcUrl: string | null;
+  slotMs: number;
+  testHelpers: boolean;
+  allowPrivateWebhooks: boolean;
+  docsUrl: string;
+  logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
+  /** the operator's 64-byte secret key (JSON array or base58); null = generated into dataDir */
+  operatorKey: string | null;
+  /**
+   * program id and USDC mint on a real cluster; when unset, an agent-vault validator at
+   * AGENT_VAULT_RPC_URL is asked for its own (agentVault_getInfo)
+   */
+  programId: string | null;
+  usdcMint: string | null;
+}
+
+export class ConfigError extends Error {
+  constructor(readonly variable: string, message: string) {
+    super(`${variable}: ${message}`);
+    this.name = 'ConfigError';
+  }
+}
+
+type Env = Record<string, string | undefined>;
+
+function text(env: Env, name: string): string | null {
+  const value = env[name];
+  return value === undefined || value.trim() === '' ? null : value.trim();
+}
+
+function integer(env: Env, name: string, fallback: number, min: number, max: number): number {
+  const value = text(env, name);
+  if (value === null) return fallback;
+  if (!/^\d+$/.test(value)) throw new ConfigError(name, `must be an integer, got "${value}"`);
+  const parsed = Number(value);
+  if (parsed < min || parsed > max) throw new ConfigError(name, `must be between ${min} and ${max}, got ${parsed}`);
+  return parsed;
+}
+
+function flag(env: Env, name: string, fallback: boolean): boolean {
+  const value = text(env, name)?.toLowerCase() ?? null;
+  if (value === null) return fallback;
+  if (['1', 'true', 'on', 'yes'].includes(value)) return true;
+  if (['0', 'false', 'off', 'no'].includes(value)) return false;
+  throw new ConfigError(name, `must be on/off (true/false, 1/0), got "${value}"`);
+}
+
+function url(env: Env, name: string, protocols: string[]): string | null {
+  const value = text(env, name);
+  if (value === null) return null;
+  let parsed: URL;
+  try {
+    parsed = new URL(value);
+  } catch {
+    throw new ConfigError(name, 'must be a URL');
+  }
+  if (!protocols.includes(parsed.protocol)) {
+    throw new ConfigError(name, `must use ${protocols.join(' or ')}, got ${parsed.protocol}`);
+  }
+  return value;
+}
+
+function base58Address(env: Env, name: string): string | null {
+  const value = text(env, name);
+  if (value !== null && !/^[1-9A-HJ-NP-Za-km-z]{32,44}$/.test(value)) {
+    throw new ConfigError(name, 'must be a base58 Solana address');
+  }
+  return value;
+}
+
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+
+export function loadConfig(env: Env = process.env): Config {
+  const rpcUrl = url(env, 'AGENT_VAULT_RPC_URL', ['http:', 'https:']);
+  const logLevel = text(env, 'LOG_LEVEL') ?? 'info';
+  if (!(LOG_LEVELS as readonly string[]).includes(logLevel)) {
+    throw new ConfigError('LOG_LEVEL', `must be one of ${LOG_LEVELS.join(', ')}`);
+  }
+  const bootstrapKey = text(env, 'AGENT_VAULT_BOOTSTRAP_KEY');
+  if (bootstrapKey !== null && bootstrapKey.length < 24) {
+    throw new ConfigError('AGENT_VAULT_BOOTSTRAP_KEY', 'must be at least 24 characters');
+  }
+  const programId = base58Address(env, 'AGENT_VAULT_PROGRAM_ID');
+  const usdcMint = base58Address(env, 'AGENT_VAULT_USDC_MINT');
+  return {
+    port: integer(env, 'PORT', 8080, 0, 65535),
+    host: text(env, 'HOST') ?? '127.0.0.1',
+    databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
+    dataDir: resolve(text(env, 'AGENT_VAULT_DATA_DIR') ?? './data'),
+    bootstrapKey,
+    rpcUrl,
+    slotMs: integer(env, 'AGENT_VAULT_SLOT_MS', 400, 0, 60_000),
+    testHelpers: flag(env, 'AGENT_VAULT_TEST_HELPERS', rpcUrl === null),
+    allowPrivateWebhooks: flag(env, 'AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS', false),
+    docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:']) ?? 'http://127.0.0.1:8080/docs').replace(/\/$/, ''),
+    logLevel: logLevel as Config['logLevel'],
+    operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),
+    programId,
+    usdcMint,
+  };
+}
