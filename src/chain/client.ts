@@ -80,8 +80,12 @@ export interface ChainClientOptions {
   usdcMint: Address;
   /** the service's key: it signs and pays for every transaction */
   operator: KeyPairSigner;
-  /** signs escrow refunds and resolutions as arbiter; the operator when absent */
-  arbiter?: KeyPairSigner;
+  /**
+   * signs escrow refunds before expiry and dispute resolutions. A key of its own, not the
+   * operator's: the program refuses the same account twice in one instruction, and keeping
+   * the two apart means the operator key alone cannot refund an escrow early.
+   */
+  arbiter: KeyPairSigner;
   /** how often outstanding signatures are polled (default 100 ms) */
   pollIntervalMs?: number;
   /** how long a fetched blockhash is reused (default 5 s; clusters accept ~60 s) */
@@ -97,6 +101,9 @@ interface Waiter {
 
 /** JSON-RPC caps getSignatureStatuses at 256 signatures per call. */
 const STATUS_BATCH_MAX = 256;
+/** Recently prepared signatures remembered to keep deliberate repeats distinct. */
+const PREPARED_SIGNATURES_MAX = 200_000;
+const PREPARE_ATTEMPTS_MAX = 50;
 /** Bounded caches: a PDA costs a few hashes to derive; thousands of vaults fit easily. */
 const PDA_CACHE_MAX = 100_000;
 
@@ -113,6 +120,7 @@ export class ChainClient {
   readonly #pdas = new Map<string, Promise<program.Pda>>();
   readonly #atas = new Map<string, Promise<Address>>();
   readonly #waiters = new Map<Signature, Waiter[]>();
+  readonly #prepared = new Set<Signature>();
   #pollTimer: NodeJS.Timeout | null = null;
   #polling = false;
 
@@ -121,7 +129,8 @@ export class ChainClient {
     this.programId = options.programId;
     this.usdcMint = options.usdcMint;
     this.operator = options.operator;
-    this.arbiter = options.arbiter ?? options.operator;
+    this.arbiter = options.arbiter;
+    if (this.arbiter.address === this.operator.address) throw new Error('the arbiter key must differ from the operator key');
     this.#pollIntervalMs = options.pollIntervalMs ?? 100;
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
   }
@@ -298,9 +307,31 @@ export class ChainClient {
     return this.#blockhashInFlight;
   }
 
-  /** Builds and signs; nothing is sent. The signature identifies the transaction from now on. */
+  /**
+   * Builds and signs; nothing is sent. The signature identifies the transaction from now on.
+   *
+   * The same instructions under the same blockhash make the same signature, which the chain
+   * executes once: a deliberate second attempt (a refund retried after the escrow expired, two
+   * equal payments) must not collide with the first. So a signature this client prepared
+   * before is never handed out again: it waits for the next blockhash instead. To resend the
+   * same transaction, submit the PreparedTransaction again.
+   */
   async prepare(instructions: readonly Instruction[]): Promise<PreparedTransaction> {
-    const lifetime = await this.#latestBlockhash();
+    for (let attempt = 0; attempt < PREPARE_ATTEMPTS_MAX; attempt += 1) {
+      const prepared = await this.#sign(instructions, await this.#latestBlockhash());
+      if (!this.#prepared.has(prepared.signature)) {
+        if (this.#prepared.size >= PREPARED_SIGNATURES_MAX) this.#prepared.clear();
+        this.#prepared.add(prepared.signature);
+        return prepared;
+      }
+      this.#blockhash = null;
+      if (attempt > 0) await new Promise((resolve) => setTimeout(resolve, this.#pollIntervalMs));
+    }
+    throw new Error('no new blockhash to make this transaction distinct from an earlier identical one');
+  }
+
+  async #sign(instructions: readonly Instruction[],
+    lifetime: { blockhash: Blockhash; lastValidBlockHeight: bigint }): Promise<PreparedTransaction> {
     const message = pipe(
       createTransactionMessage({ version: 0 }),
       (m) => setTransactionMessageFeePayerSigner(this.operator, m),

@@ -1,0 +1,170 @@
+/**
+ * The chain client against the local validator with our program deployed: the operations the
+ * service performs, end to end, with balances read back from the chain.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
+import { ManualClock } from '../clock/clock.ts';
+import { createInProcessRpc } from '../validator/in-process.ts';
+import { LocalValidator } from '../validator/validator.ts';
+import { ChainClient, ConfirmationTimeoutError } from './client.ts';
+import { NO_LIMIT } from './program.ts';
+
+const ORG = 'org_client_test';
+const USDC = 1_000_000n;
+
+describe('chain client', () => {
+  const clock = new ManualClock(Date.parse('2026-03-10T12:00:00Z'));
+  let validator: LocalValidator;
+  let chain: ChainClient;
+  let operator: KeyPairSigner;
+
+  before(async () => {
+    validator = await LocalValidator.open({ slotMs: 0, clock });
+    operator = await generateKeyPairSigner();
+    const arbiter = await generateKeyPairSigner();
+    const rpc = createInProcessRpc(validator);
+    await rpc.requestAirdrop(operator.address, lamports(10_000_000_000n)).send();
+    await rpc.requestAirdrop(arbiter.address, lamports(1_000_000_000n)).send();
+    chain = new ChainClient({
+      rpc, programId: validator.programId, usdcMint: validator.usdcMint, operator, arbiter, pollIntervalMs: 5,
+    });
+    const setup = await chain.execute([
+      await chain.initReserveIx(ORG),
+      await chain.setPolicyIx(ORG, 'pol_open', { maxPerTx: NO_LIMIT, maxPerDay: NO_LIMIT, expiry: 0n }),
+      await chain.setPolicyIx(ORG, 'pol_small', { maxPerTx: 5n * USDC, maxPerDay: 8n * USDC, expiry: 0n }),
+    ]);
+    assert.equal(setup.err, null);
+    const { reserve } = await chain.reserveAddresses(ORG);
+    await validator.mintUsdc(reserve, 1_000n * USDC);
+  });
+
+  after(async () => {
+    chain.close();
+    await validator.close();
+  });
+
+  test('a vault address is deterministic from (organisation, agent) and differs per organisation', async () => {
+    const a = await chain.vaultAddresses(ORG, 'agent-1');
+    const b = await chain.vaultAddresses(ORG, 'agent-1');
+    const other = await chain.vaultAddresses('org_other', 'agent-1');
+    assert.equal(a.vault, b.vault);
+    assert.notEqual(a.vault, other.vault);
+  });
+
+  test('create, fund, pay and withdraw move exactly the amounts asked, conserving money', async () => {
+    const created = await chain.execute([await chain.createVaultIx(ORG, 'agent-pay', 'pol_open')]);
+    assert.equal(created.err, null);
+    const { vault } = await chain.vaultAddresses(ORG, 'agent-pay');
+    const { reserve } = await chain.reserveAddresses(ORG);
+    const reserveBefore = await chain.getUsdcBalance(reserve);
+
+    assert.equal((await chain.execute([await chain.fundIx(ORG, 'agent-pay', 100n * USDC)])).err, null);
+    assert.equal(await chain.getUsdcBalance(vault), 100n * USDC);
+    assert.equal(await chain.getUsdcBalance(reserve), reserveBefore - 100n * USDC);
+
+    const recipient = (await generateKeyPairSigner()).address;
+    const payIx = await chain.payIx({
+      orgId: ORG, agentId: 'agent-pay', policyId: 'pol_open', recipient, amount: 12_345_678n,
+      attestation: new Uint8Array(32).fill(7), memo: new TextEncoder().encode('tx_01'),
+    });
+    // The signature is known before anything is sent, and the chain knows nothing of it yet.
+    const prepared = await chain.prepare([payIx]);
+    assert.equal(await chain.getOutcome(prepared.signature), null);
+    await chain.submit(prepared);
+    await chain.submit(prepared); // a retry must not pay twice
+    const outcome = await chain.waitForOutcome(prepared.signature);
+    assert.equal(outcome.err, null);
+    assert.ok(outcome.slot > 0n);
+    assert.deepEqual(await chain.getOutcome(prepared.signature), outcome);
+    assert.equal(await chain.getUsdcBalance(recipient), 12_345_678n, 'the recipient account was created and credited once');
+    assert.equal(await chain.getUsdcBalance(vault), 100n * USDC - 12_345_678n);
+
+    assert.equal((await chain.execute([await chain.withdrawIx(ORG, 'agent-pay', 7n * USDC)])).err, null);
+    assert.equal(await chain.getUsdcBalance(vault), 93n * USDC - 12_345_678n);
+    assert.equal(await chain.getUsdcBalance(reserve), reserveBefore - 93n * USDC);
+    const state = await chain.getVault(vault);
+    assert.equal(state?.paymentCount, 1n);
+    assert.equal(state?.frozen, false);
+  });
+
+  test('on-chain rules come back as named program errors and change nothing', async () => {
+    await chain.execute([await chain.createVaultIx(ORG, 'agent-limited', 'pol_small'), await chain.fundIx(ORG, 'agent-limited', 20n * USDC)]);
+    const { vault } = await chain.vaultAddresses(ORG, 'agent-limited');
+    const recipient = (await generateKeyPairSigner()).address;
+    const pay = (amount: bigint) => chain.payIx({
+      orgId: ORG, agentId: 'agent-limited', policyId: 'pol_small', recipient, amount, attestation: new Uint8Array(32),
+      memo: new TextEncoder().encode(`memo-${amount}`),
+    });
+
+    const over = await chain.execute([await pay(6n * USDC)]);
+    assert.equal(over.err?.name, 'OverMaxPerTx');
+    assert.equal(over.err?.code, 6013);
+    assert.equal(await chain.getUsdcBalance(vault), 20n * USDC);
+
+    assert.equal((await chain.execute([await pay(5n * USDC)])).err, null);
+    const overDay = await chain.execute([await pay(4n * USDC)]);
+    assert.equal(overDay.err?.name, 'OverDailyCap');
+    assert.equal(await chain.getUsdcBalance(vault), 15n * USDC);
+
+    assert.equal((await chain.execute([await chain.setFrozenIx(ORG, 'agent-limited', true)])).err, null);
+    assert.equal((await chain.execute([await pay(1n * USDC)])).err?.name, 'VaultFrozen');
+    assert.equal((await chain.getVault(vault))?.frozen, true);
+  });
+
+  test('a policy update reaches every attached vault at the next transaction', async () => {
+    await chain.execute([
+      await chain.setPolicyIx(ORG, 'pol_shared', { maxPerTx: NO_LIMIT, maxPerDay: NO_LIMIT, expiry: 0n }),
+      await chain.createVaultIx(ORG, 'agent-s1', 'pol_shared'),
+      await chain.createVaultIx(ORG, 'agent-s2', 'pol_shared'),
+      await chain.fundIx(ORG, 'agent-s1', 10n * USDC),
+      await chain.fundIx(ORG, 'agent-s2', 10n * USDC),
+    ]);
+    const updated = await chain.execute([await chain.setPolicyIx(ORG, 'pol_shared', { maxPerTx: 1n * USDC, maxPerDay: NO_LIMIT, expiry: 0n })]);
+    assert.equal(updated.err, null);
+    assert.equal((await chain.getPolicy(await chain.policyAddress(ORG, 'pol_shared')))?.revision, 2n);
+    const recipient = (await generateKeyPairSigner()).address;
+    for (const agentId of ['agent-s1', 'agent-s2']) {
+      const outcome = await chain.execute([await chain.payIx({
+        orgId: ORG, agentId, policyId: 'pol_shared', recipient, amount: 2n * USDC, attestation: new Uint8Array(32),
+      })]);
+      assert.equal(outcome.err?.name, 'OverMaxPerTx', `${agentId} follows the updated policy`);
+    }
+  });
+
+  test('escrow: lock, release to the receiving vault; refund only after expiry', async () => {
+    await chain.execute([
+      await chain.createVaultIx(ORG, 'agent-req', 'pol_open'),
+      await chain.createVaultIx(ORG, 'agent-work', 'pol_open'),
+      await chain.fundIx(ORG, 'agent-req', 50n * USDC),
+    ]);
+    const { vault: requester } = await chain.vaultAddresses(ORG, 'agent-req');
+    const { vault: worker } = await chain.vaultAddresses(ORG, 'agent-work');
+    const nowSeconds = BigInt(Math.floor(clock.nowMs() / 1000));
+    const lock = (escrowId: string, amount: bigint) => chain.escrowCreateIx({
+      orgId: ORG, agentId: 'agent-req', policyId: 'pol_open', escrowId, receiver: worker, amount,
+      taskHash: new Uint8Array(32).fill(1), expiresAtSeconds: nowSeconds + 3600n,
+    });
+
+    assert.equal((await chain.execute([await lock('esc_a', 10n * USDC)])).err, null);
+    const { escrow } = await chain.escrowAddresses('esc_a');
+    assert.equal(await chain.getUsdcBalance(escrow), 10n * USDC);
+    assert.equal(await chain.getUsdcBalance(requester), 40n * USDC);
+    assert.equal((await chain.execute([await chain.escrowReleaseIx('esc_a', worker)])).err, null);
+    assert.equal(await chain.getUsdcBalance(worker), 10n * USDC);
+    assert.equal((await chain.getEscrow(escrow))?.state, 2);
+
+    assert.equal((await chain.execute([await lock('esc_b', 5n * USDC)])).err, null);
+    const early = await chain.execute([await chain.escrowRefundIx('esc_b', requester)]);
+    assert.equal(early.err?.name, 'EscrowNotExpired');
+    clock.advance(3600);
+    assert.equal((await chain.execute([await chain.escrowRefundIx('esc_b', requester)])).err, null);
+    assert.equal(await chain.getUsdcBalance(requester), 40n * USDC);
+  });
+
+  test('waiting for a signature the chain never saw times out', async () => {
+    const prepared = await chain.prepare([await chain.setFrozenIx(ORG, 'agent-never', true)]);
+    await assert.rejects(chain.waitForOutcome(prepared.signature, 50), ConfirmationTimeoutError);
+  });
+});
