@@ -1,0 +1,167 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
+import { ManualClock } from '../clock/clock.ts';
+import { createInProcessRpc } from './in-process.ts';
+import { LOCK_FILE } from './state-file.ts';
+import {
+  confirmed, createAtaIdempotent, memoInstruction, signedTransaction, transferSol, transferToken, writeMemoProgram, type TestRpc,
+} from './testing.ts';
+import { DEFAULT_PROGRAM_SO_PATH, LocalValidator, PROGRAM_KEY_FILE, VALIDATOR_KEY_FILE } from './validator.ts';
+
+const START_MS = 1_750_000_000_000;
+
+describe('local validator persistence', () => {
+  let root: string;
+  let memoSo: string;
+
+  before(() => {
+    root = mkdtempSync(join(tmpdir(), 'agent-vault-validator-'));
+    memoSo = writeMemoProgram(root);
+  });
+  after(() => rmSync(root, { recursive: true, force: true }));
+
+  // Guarantee: accounts, transaction statuses and the deployed program survive a restart.
+  it('restores balances, statuses, transactions and the program after a restart', async () => {
+    const dataDir = join(root, 'restart');
+    const clock = new ManualClock(START_MS);
+    let validator = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: memoSo });
+    let rpc = createInProcessRpc(validator) as TestRpc;
+    const { programId, usdcMint } = validator;
+    assert.equal(validator.info().programDeployed, true);
+
+    const payer = await generateKeyPairSigner();
+    const recipient = (await generateKeyPairSigner()).address;
+    const airdrop = await rpc.requestAirdrop(payer.address, lamports(2_000_000_000n)).send();
+    const mint = await rpc.agentVault_mintUsdc(payer.address, '7000000').send();
+    await confirmed(rpc, mint);
+    const source = await validator.associatedTokenAddress(payer.address);
+    const destination = await validator.associatedTokenAddress(recipient);
+    const transfer = await signedTransaction(rpc, payer, [
+      createAtaIdempotent(payer, destination, recipient, usdcMint),
+      transferToken(source, destination, payer, 2_500_000n),
+      transferSol(payer, recipient, 100_000_000n),
+    ]);
+    await rpc.sendTransaction(transfer.wire, { encoding: 'base64' }).send();
+    const memo = await signedTransaction(rpc, payer, [memoInstruction(programId, payer, 'before restart')]);
+    await rpc.sendTransaction(memo.wire, { encoding: 'base64' }).send();
+    const signatures = [airdrop, mint, transfer.signature, memo.signature];
+    const statusesBefore = await Promise.all(signatures.map((s) => confirmed(rpc, s)));
+    const slotBefore = validator.slot;
+    // A blockhash handed out before the restart must still be usable after it.
+    const lifetime = (await rpc.getLatestBlockhash().send()).value;
+    await validator.close();
+
+    validator = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: memoSo });
+    rpc = createInProcessRpc(validator) as TestRpc;
+    try {
+      assert.equal(validator.programId, programId);
+      assert.equal(validator.usdcMint, usdcMint);
+      assert.ok(validator.slot > slotBefore, 'slots continue after a restart');
+      assert.deepEqual((await rpc.getSignatureStatuses(signatures).send()).value, statusesBefore);
+      assert.equal((await rpc.getTokenAccountBalance(source).send()).value.amount, '4500000');
+      assert.equal((await rpc.getTokenAccountBalance(destination).send()).value.amount, '2500000');
+      assert.equal((await rpc.getBalance(recipient).send()).value, 100_000_000n);
+      const tx = await rpc.getTransaction(memo.signature, { encoding: 'json', maxSupportedTransactionVersion: 0 }).send();
+      assert.ok(tx?.meta?.logMessages?.some((line) => line.includes('before restart')));
+
+      const again = await signedTransaction(rpc, payer, [memoInstruction(programId, payer, 'after restart')], lifetime);
+      await rpc.sendTransaction(again.wire, { encoding: 'base64' }).send();
+      assert.equal((await confirmed(rpc, again.signature)).err, null);
+    } finally {
+      await validator.close();
+    }
+  });
+
+  it('keeps its keys private (mode 0600)', async () => {
+    const dataDir = join(root, 'keys');
+    const validator = await LocalValidator.open({ dataDir, slotMs: 0, clock: new ManualClock(START_MS), programSoPath: null });
+    await validator.close();
+    for (const file of [VALIDATOR_KEY_FILE, PROGRAM_KEY_FILE]) {
+      assert.equal(statSync(join(dataDir, file)).mode & 0o777, 0o600, file);
+    }
+  });
+
+  // Guarantee: one process owns a validator's state; a second one refuses with a clear message.
+  it('refuses a second open of the same data dir and takes over a stale lock', async () => {
+    const dataDir = join(root, 'lock');
+    const clock = new ManualClock(START_MS);
+    const first = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
+    try {
+      await assert.rejects(LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null }),
+        new RegExp(`validator state at ${dataDir} is in use by pid ${process.pid}`));
+      const other = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `
+        import { LocalValidator } from ${JSON.stringify(new URL('./validator.ts', import.meta.url).href)};
+        import { ManualClock } from ${JSON.stringify(new URL('../clock/clock.ts', import.meta.url).href)};
+        try { await LocalValidator.open({ dataDir: ${JSON.stringify(dataDir)}, clock: new ManualClock(0), programSoPath: null }); }
+        catch (error) { console.error(error.message); process.exit(3); }`], { encoding: 'utf8', timeout: 60_000 });
+      assert.equal(other.status, 3, other.stderr);
+      assert.match(other.stderr, new RegExp(`validator state at ${dataDir} is in use by pid ${process.pid}`));
+    } finally {
+      await first.close();
+    }
+    assert.equal(existsSync(join(dataDir, LOCK_FILE)), false, 'close releases the lock');
+
+    const dead = spawnSync(process.execPath, ['-e', '']).pid;
+    writeFileSync(join(dataDir, LOCK_FILE), `${dead}\n`);
+    const taker = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
+    await taker.close();
+  });
+
+  // Guarantee: with slotMs 0 and a data dir, what is visible has been persisted.
+  it('persists immediate-mode transactions before they are visible', async () => {
+    const dataDir = join(root, 'immediate');
+    const clock = new ManualClock(START_MS);
+    let validator = await LocalValidator.open({ dataDir, slotMs: 0, clock, programSoPath: null });
+    let rpc = createInProcessRpc(validator) as TestRpc;
+    let payer: KeyPairSigner;
+    let signature;
+    try {
+      payer = await generateKeyPairSigner();
+      signature = await rpc.requestAirdrop(payer.address, lamports(3_000_000n)).send();
+      await confirmed(rpc, signature);
+    } finally {
+      await validator.close();
+    }
+    validator = await LocalValidator.open({ dataDir, slotMs: 0, clock, programSoPath: null });
+    rpc = createInProcessRpc(validator) as TestRpc;
+    try {
+      assert.equal((await rpc.getBalance(payer.address).send()).value, 3_000_000n);
+      assert.ok((await rpc.getSignatureStatuses([signature]).send()).value[0]);
+    } finally {
+      await validator.close();
+    }
+  });
+
+  // Guarantee: our own program, once built, is deployed through the loader and runs after a restart.
+  it('deploys program/agent_vault.so and runs it after a restart', { skip: !existsSync(DEFAULT_PROGRAM_SO_PATH) }, async () => {
+    const dataDir = join(root, 'agent-vault');
+    const clock = new ManualClock(START_MS);
+    let validator = await LocalValidator.open({ dataDir, slotMs: 20, clock });
+    assert.equal(validator.info().programDeployed, true);
+    await validator.close();
+    validator = await LocalValidator.open({ dataDir, slotMs: 20, clock });
+    try {
+      const rpc = createInProcessRpc(validator) as TestRpc;
+      const account = (await rpc.getAccountInfo(validator.programId, { encoding: 'base64' }).send()).value;
+      assert.equal(account?.executable, true);
+      const payer = await generateKeyPairSigner();
+      await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(1_000_000_000n)).send());
+      // An instruction tag the program does not know: the program itself must answer.
+      const { wire, signature } = await signedTransaction(rpc, payer, [
+        { programAddress: validator.programId, accounts: [], data: new Uint8Array([255]) },
+      ]);
+      await rpc.sendTransaction(wire, { encoding: 'base64', skipPreflight: true }).send();
+      const status = await confirmed(rpc, signature);
+      assert.ok(status.err && typeof status.err === 'object' && 'InstructionError' in status.err, JSON.stringify(status.err, (_k, v) => (typeof v === 'bigint' ? String(v) : v)));
+      const tx = await rpc.getTransaction(signature, { encoding: 'json', maxSupportedTransactionVersion: 0 }).send();
+      assert.ok(tx?.meta?.logMessages?.some((line) => line.startsWith(`Program ${validator.programId} consumed`)), tx?.meta?.logMessages?.join('\n'));
+    } finally {
+      await validator.close();
+    }
+  });
+});

@@ -1,0 +1,54 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { ManualClock } from '../clock/clock.ts';
+import { createRpcHandler, type RpcHandler } from './rpc.ts';
+import { LocalValidator } from './validator.ts';
+
+describe('JSON-RPC handler errors', () => {
+  let validator: LocalValidator;
+  let handler: RpcHandler;
+  const call = async (body: unknown): Promise<any> => JSON.parse(await handler.handle(typeof body === 'string' ? body : JSON.stringify(body)));
+
+  before(async () => {
+    validator = await LocalValidator.open({ slotMs: 0, clock: new ManualClock(1_750_000_000_000), programSoPath: null });
+    handler = createRpcHandler(validator);
+  });
+  after(() => validator.close());
+
+  it('answers parse errors, invalid requests, unknown methods and bad params with their codes', async () => {
+    assert.equal((await call('{')).error.code, -32700);
+    assert.equal((await call({ id: 1, method: 'getSlot' })).error.code, -32600);
+    assert.equal((await call([])).error.code, -32600);
+    assert.deepEqual(await call({ jsonrpc: '2.0', id: 7, method: 'getBlockProduction' }),
+      { jsonrpc: '2.0', id: 7, error: { code: -32601, message: 'Method not found' } });
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'getBalance', params: ['zzz'] })).error.code, -32602);
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'getSlot', params: [{ commitment: 'soon' }] })).error.code, -32602);
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'sendTransaction', params: ['AAAA', { encoding: 'base64' }] })).error.code, -32602);
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [validator.authority, '1.5'] })).error.code, -32602);
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'getSignatureStatuses', params: [Array(257).fill('x')] })).error.code, -32602);
+    assert.equal(await handler.handle(JSON.stringify({ jsonrpc: '2.0', method: 'getSlot' })), '', 'notifications get no answer');
+  });
+
+  it('accepts commitment parameters and answers with a context slot', async () => {
+    const response = await call({ jsonrpc: '2.0', id: 'a', method: 'getBalance', params: [validator.authority, { commitment: 'confirmed' }] });
+    assert.equal(response.id, 'a');
+    assert.equal(typeof response.result.context.slot, 'number');
+    const statuses = await call({ jsonrpc: '2.0', id: 1, method: 'getSignatureStatuses', params: [['1111111111111111111111111111111111111111111111111111111111111111'], { searchTransactionHistory: true }] });
+    assert.deepEqual(statuses.result.value, [null]);
+  });
+
+  it('sets the time forward only, through agentVault_setTime', async () => {
+    const clock = new ManualClock(1_750_000_000_000);
+    const v = await LocalValidator.open({ slotMs: 0, clock, programSoPath: null });
+    try {
+      const h = createRpcHandler(v);
+      const forward = JSON.parse(await h.handle(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'agentVault_setTime', params: [1_760_000_000_000] })));
+      assert.equal(forward.result.unixTimestamp, 1_760_000_000);
+      const back = JSON.parse(await h.handle(JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'agentVault_setTime', params: [1_700_000_000_000] })));
+      assert.equal(back.result.unixTimestamp, 1_760_000_000);
+      assert.equal(clock.nowMs(), 1_760_000_000_000);
+    } finally {
+      await v.close();
+    }
+  });
+});
