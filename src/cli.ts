@@ -2,6 +2,7 @@
  * `agent-vault <command>`: one executable for the service, its workers, the local validator
  * and operations. Each command is a thin call into the module that owns it.
  */
+import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig } from './config/config.ts';
 
@@ -27,7 +28,7 @@ const commands: Record<string, Command> = {
     if (!Number.isInteger(port) || port < 0 || port > 65535) throw new UsageError('--port must be a port number');
     const config = loadConfig();
     const { runValidatorCommand } = await import('./validator/command.ts');
-    await runValidatorCommand({ port, host: values.host, dataDir: config.dataDir, slotMs: config.slotMs });
+    await runValidatorCommand({ port, host: values.host, dataDir: join(config.dataDir, 'validator'), slotMs: config.slotMs });
     return 0;
   },
 
