@@ -9,6 +9,8 @@ import { ConfigError, loadConfig } from './config/config.ts';
 const USAGE = `Usage: agent-vault <command> [options]
 
 Commands:
+  serve [--no-workers]                         the HTTP API, background workers and (by default) the embedded validator
+  migrate                                      apply database migrations and exit
   validator [--port 8899] [--host 127.0.0.1]   run the local Solana validator (LiteSVM) over JSON-RPC
   program build [--check]                      rebuild program/agent_vault.so (--check: verify the committed bytes)
   help                                         this text
@@ -18,6 +20,29 @@ Configuration comes from environment variables (see README.md).`;
 type Command = (args: string[]) => Promise<number>;
 
 const commands: Record<string, Command> = {
+  async serve(args) {
+    const { values } = parseArgs({ args, options: { 'no-workers': { type: 'boolean', default: false } }, strict: true });
+    const config = loadConfig();
+    const { serve } = await import('./server.ts');
+    await serve(config, { workers: !values['no-workers'] });
+    return 0;
+  },
+
+  async migrate(args) {
+    parseArgs({ args, options: {}, strict: true });
+    const config = loadConfig();
+    const { openDatabase } = await import('./db/database.ts');
+    const { migrate } = await import('./db/migrate.ts');
+    const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir });
+    try {
+      const applied = await migrate(db);
+      console.log(applied.length ? `applied migrations ${applied.join(', ')}` : 'database is up to date');
+    } finally {
+      await db.close();
+    }
+    return 0;
+  },
+
   async validator(args) {
     const { values } = parseArgs({
       args,

@@ -28,6 +28,11 @@ export class OffsetClock implements Clock {
     this.#offsetMs += seconds * 1000;
   }
 
+  /** Raises the offset to `offsetMs`; a lower value leaves it as it is. */
+  protected raiseOffsetTo(offsetMs: number): void {
+    if (offsetMs > this.#offsetMs) this.#offsetMs = offsetMs;
+  }
+
   /** Moves the clock so that now is at least `targetMs`; never moves it backwards. */
   setAtLeast(targetMs: number): void {
     const deltaMs = targetMs - Date.now();

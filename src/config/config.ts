@@ -16,6 +16,8 @@ export interface Config {
   testHelpers: boolean;
   allowPrivateWebhooks: boolean;
   docsUrl: string;
+  /** requests per minute per API key */
+  rateLimitPerMinute: number;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** the operator's 64-byte secret key (JSON array or base58); null = generated into dataDir */
   operatorKey: string | null;
@@ -107,6 +109,7 @@ export function loadConfig(env: Env = process.env): Config {
     allowPrivateWebhooks: flag(env, 'AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS', false),
     docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:']) ?? 'http://127.0.0.1:8080/docs').replace(/\/$/, ''),
     logLevel: logLevel as Config['logLevel'],
+    rateLimitPerMinute: integer(env, 'AGENT_VAULT_RATE_LIMIT_PER_MINUTE', 1200, 1, 1_000_000),
     operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),
     programId,
     usdcMint,

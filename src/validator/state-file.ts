@@ -14,8 +14,8 @@ const SNAPSHOT_MAGIC = Buffer.from('AVSNAP01', 'latin1');
 const META_BYTES_MAX = 64 * 1024;
 
 export class ValidatorLockedError extends Error {
-  constructor(readonly dataDir: string, readonly pid: number) {
-    super(`validator state at ${dataDir} is in use by pid ${pid}`);
+  constructor(readonly dataDir: string, readonly pid: number, what = 'validator state') {
+    super(`${what} at ${dataDir} is in use by pid ${pid}`);
     this.name = 'ValidatorLockedError';
   }
 }
@@ -37,8 +37,8 @@ function processIsAlive(pid: number): boolean {
  * The same process opening the directory twice is refused too: two LiteSVM instances would
  * overwrite each other's snapshot.
  */
-export function acquireLock(dataDir: string): () => void {
-  const path = join(dataDir, LOCK_FILE);
+export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validator state' } = {}): () => void {
+  const path = join(dataDir, file);
   for (let attempt = 0; attempt < 3; attempt++) {
     let fd: number;
     try {
@@ -53,7 +53,7 @@ export function acquireLock(dataDir: string): () => void {
         throw readError;
       }
       // An empty or unreadable pid is a lock whose writer died between create and write.
-      if (Number.isInteger(owner) && owner > 0 && processIsAlive(owner)) throw new ValidatorLockedError(dataDir, owner);
+      if (Number.isInteger(owner) && owner > 0 && processIsAlive(owner)) throw new ValidatorLockedError(dataDir, owner, what);
       try {
         unlinkSync(path);
       } catch (unlinkError) {

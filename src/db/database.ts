@@ -1,0 +1,158 @@
+/**
+ * One database interface over PostgreSQL (`pg`, production) and PGlite (PostgreSQL in WASM,
+ * in-process, the embedded default): the same SQL, the same migrations, one code path.
+ *
+ * BIGINT comes back as bigint from both drivers (money is never a JS number).
+ */
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { PGlite } from '@electric-sql/pglite';
+import pg from 'pg';
+import { acquireLock } from '../validator/state-file.ts';
+
+export interface Queryable {
+  query<Row = Record<string, unknown>>(sql: string, params?: readonly unknown[]): Promise<Row[]>;
+  /** Several statements, no parameters (migrations). */
+  exec(sql: string): Promise<void>;
+}
+
+export interface Database extends Queryable {
+  readonly kind: 'pglite' | 'postgres';
+  /**
+   * Runs `work` in one transaction (READ COMMITTED; use row locks for invariants). Commits when
+   * it resolves, rolls back when it throws.
+   */
+  transaction<T>(work: (tx: Queryable) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+/** Statement timeout for every query on PostgreSQL: nothing holds a connection forever. */
+const STATEMENT_TIMEOUT_MS = 30_000;
+const POOL_MAX = 10;
+
+const bigintParser = (value: string): bigint => BigInt(value);
+
+class PostgresDatabase implements Database {
+  readonly kind = 'postgres';
+  readonly #pool: pg.Pool;
+
+  constructor(url: string, schema: string | null) {
+    const types = {
+      getTypeParser: ((oid: number, format?: string) =>
+        oid === 20 ? bigintParser : pg.types.getTypeParser(oid, format as 'text')) as typeof pg.types.getTypeParser,
+    };
+    const options = [`-c statement_timeout=${STATEMENT_TIMEOUT_MS}`];
+    if (schema) options.push(`-c search_path=${schema}`);
+    this.#pool = new pg.Pool({
+      connectionString: url, max: POOL_MAX, types, options: options.join(' '), connectionTimeoutMillis: 10_000,
+    });
+    // An idle client losing its connection must not crash the process; the pool replaces it.
+    this.#pool.on('error', () => {});
+  }
+
+  async query<Row>(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
+    const result = await this.#pool.query(sql, params as unknown[]);
+    return result.rows as Row[];
+  }
+
+  async exec(sql: string): Promise<void> {
+    await this.#pool.query(sql);
+  }
+
+  async transaction<T>(work: (tx: Queryable) => Promise<T>): Promise<T> {
+    const client = await this.#pool.connect();
+    const tx: Queryable = {
+      query: async <Row>(sql: string, params: readonly unknown[] = []) =>
+        (await client.query(sql, params as unknown[])).rows as Row[],
+      exec: async (sql: string) => { await client.query(sql); },
+    };
+    try {
+      await client.query('BEGIN');
+      const result = await work(tx);
+      await client.query('COMMIT');
+      return result;
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => {});
+      throw error;
+    } finally {
+      client.release();
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.#pool.end();
+  }
+}
+
+class PGliteDatabase implements Database {
+  readonly kind = 'pglite';
+  readonly #db: PGlite;
+  readonly #release: () => void;
+
+  constructor(db: PGlite, release: () => void) {
+    this.#db = db;
+    this.#release = release;
+  }
+
+  async query<Row>(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
+    return (await this.#db.query<Row>(sql, params as unknown[])).rows;
+  }
+
+  // PGlite has one connection: its transaction() holds it exclusively until the work is done,
+  // so other queries wait. Row locks are then trivially held, and the same SQL stays correct
+  // on PostgreSQL where they matter.
+  async transaction<T>(work: (tx: Queryable) => Promise<T>): Promise<T> {
+    return this.#db.transaction(async (inner) => work({
+      query: async <Row>(sql: string, params: readonly unknown[] = []) =>
+        (await inner.query<Row>(sql, params as unknown[])).rows,
+      exec: async (sql: string) => { await inner.exec(sql); },
+    }));
+  }
+
+  async exec(sql: string): Promise<void> {
+    await this.#db.exec(sql);
+  }
+
+  async close(): Promise<void> {
+    try {
+      await this.#db.close();
+    } finally {
+      this.#release();
+    }
+  }
+}
+
+export interface OpenDatabaseOptions {
+  /** PostgreSQL; null = PGlite */
+  databaseUrl: string | null;
+  /** PGlite's directory is `<dataDir>/pglite`; null = in memory */
+  dataDir: string | null;
+  /** PostgreSQL only: a schema to work in (tests isolate themselves this way) */
+  schema?: string;
+}
+
+export async function openDatabase(options: OpenDatabaseOptions): Promise<Database> {
+  if (options.databaseUrl) {
+    const db = new PostgresDatabase(options.databaseUrl, options.schema ?? null);
+    if (options.schema) await db.query(`CREATE SCHEMA IF NOT EXISTS ${quoteIdentifier(options.schema)}`);
+    return db;
+  }
+  // PGlite parses int8 as a number when it fits and a bigint when not: always bigint here.
+  const pgliteOptions = { parsers: { 20: bigintParser } };
+  if (!options.dataDir) return new PGliteDatabase(await PGlite.create(pgliteOptions), () => {});
+  const dir = join(options.dataDir, 'pglite');
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  // PGlite allows one process per directory; a second one would corrupt it.
+  const release = acquireLock(dir, { file: 'agent-vault.lock', what: 'the PGlite database' });
+  try {
+    return new PGliteDatabase(await PGlite.create(dir, pgliteOptions), release);
+  } catch (error) {
+    release();
+    throw error;
+  }
+}
+
+export function quoteIdentifier(name: string): string {
+  if (!/^[a-z_][a-z0-9_]{0,62}$/.test(name)) throw new Error(`unsafe identifier ${name}`);
+  return `"${name}"`;
+}

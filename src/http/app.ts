@@ -1,0 +1,173 @@
+/**
+ * Builds the HTTP API as a Fastify instance; never listens (server.ts owns the process).
+ * Conventions of DESIGN §2–3 live here once: request ids, the error shape, body limits,
+ * unknown fields rejected, snake_case aliases, rate limits, the OpenAPI document.
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import Fastify, {
+  type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerDefault,
+} from 'fastify';
+import rateLimit from '@fastify/rate-limit';
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { ERROR_CODES, ServiceError, type ErrorCode } from '../errors/errors.ts';
+import { newId } from '../ids/ids.ts';
+import { authenticate } from './auth.ts';
+import type { AppContext } from './context.ts';
+import { registerDocs } from './docs.ts';
+import { registerRoutes } from './routes.ts';
+
+export type App = FastifyInstance<RawServerDefault, IncomingMessage, ServerResponse, FastifyBaseLogger, TypeBoxTypeProvider>;
+
+/** Request bodies are small JSON documents; the largest (a batch of 100 fundings) is ~15 KiB. */
+export const BODY_LIMIT_BYTES = 64 * 1024;
+
+export interface BuildAppOptions {
+  /** server.ts's pino logger; none = silent (tests) */
+  logger?: FastifyBaseLogger;
+}
+
+export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): Promise<App> {
+  const app = Fastify({
+    ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
+    bodyLimit: BODY_LIMIT_BYTES,
+    genReqId: () => newId('req', Date.now()),
+    requestIdHeader: false,
+    requestIdLogLabel: 'request_id',
+    disableRequestLogging: false,
+    return503OnClosing: true,
+    ajv: {
+      customOptions: {
+        removeAdditional: false,
+        coerceTypes: false,
+        allErrors: false,
+        useDefaults: true,
+      },
+    },
+  }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+
+  app.decorateRequest('principal', null);
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('Request-Id', request.id);
+  });
+  app.addHook('onRequest', authenticate(ctx));
+  app.addHook('preValidation', async (request) => {
+    if (request.body && typeof request.body === 'object' && !Array.isArray(request.body)) {
+      request.body = camelCaseKeys(request.body as Record<string, unknown>);
+    }
+  });
+
+  await app.register(rateLimit, {
+    global: true,
+    hook: 'preHandler',
+    max: ctx.config.rateLimitPerMinute,
+    timeWindow: 60_000,
+    keyGenerator: (request) => request.principal?.keyId ?? request.ip,
+    allowList: (request) => !request.routeOptions.config.permission,
+    errorResponseBuilder: (_request, context) => {
+      const error = new ServiceError('rate_limited',
+        `Rate limit of ${context.max} requests per minute exceeded; retry in ${Math.ceil(context.ttl / 1000)} s.`);
+      (error as ServiceError & { statusCode: number }).statusCode = 429;
+      return error;
+    },
+  });
+
+  app.setErrorHandler((error: FastifyError | ServiceError, request, reply) => sendError(ctx, error, request, reply));
+  app.setNotFoundHandler((request, reply) =>
+    sendError(ctx, new ServiceError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`), request, reply));
+
+  await registerDocs(app, ctx);
+  app.get('/healthz', { schema: { hide: true } }, async (_request, reply) => {
+    try {
+      await ctx.db.query('SELECT 1');
+      await ctx.chain.rpc.getSlot().send();
+    } catch {
+      return reply.code(503).send({ status: 'unavailable' });
+    }
+    return { status: 'ok' };
+  });
+  registerRoutes(app, ctx);
+  return app;
+}
+
+function docsLink(ctx: AppContext, code: ErrorCode): string {
+  return `${ctx.config.docsUrl}/errors#${code}`;
+}
+
+function sendError(ctx: AppContext, error: FastifyError | ServiceError, request: FastifyRequest, reply: FastifyReply): FastifyReply {
+  const service = toServiceError(error);
+  if (service.code === 'internal_error') {
+    request.log.error({ err: error }, 'unhandled error');
+  } else if (service.code === 'service_unavailable') {
+    request.log.warn({ err: error }, 'dependency unavailable');
+  }
+  if (service.replayed) reply.header('Idempotency-Replayed', 'true');
+  if (service.code === 'rate_limited') {
+    const retryAfter = reply.getHeader('retry-after');
+    if (!retryAfter) reply.header('Retry-After', '60');
+  }
+  return reply.code(service.status).send({
+    error: {
+      code: service.code,
+      message: service.message,
+      docs: docsLink(ctx, service.code),
+      request_id: request.id,
+      ...service.details,
+    },
+  });
+}
+
+/** Every failure becomes one code of the closed list; nothing internal reaches the client. */
+function toServiceError(error: FastifyError | ServiceError): ServiceError {
+  if (error instanceof ServiceError) return error;
+  const fastifyError = error as FastifyError & { validation?: Array<{ instancePath: string; params: Record<string, unknown>; message?: string }>; validationContext?: string };
+  if (fastifyError.validation && fastifyError.validation.length) {
+    const first = fastifyError.validation[0]!;
+    const path = first.instancePath.replace(/^\//, '').replace(/\//g, '.');
+    const extra = first.params.additionalProperty as string | undefined;
+    const missing = first.params.missingProperty as string | undefined;
+    const param = extra ?? missing ?? (path || fastifyError.validationContext || 'body');
+    const message = extra ? `Unknown field "${param}".`
+      : missing ? `Missing required field "${param}".`
+        : `Invalid value for "${param}": ${first.message ?? 'not allowed'}.`;
+    return new ServiceError('invalid_request', message, { param: toSnakeCase(param) });
+  }
+  switch (fastifyError.code) {
+    case 'FST_ERR_CTP_INVALID_JSON_BODY':
+    case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+      return new ServiceError('invalid_request', 'The body is not valid JSON.', { param: 'body' });
+    case 'FST_ERR_CTP_BODY_TOO_LARGE':
+      return new ServiceError('invalid_request', `The body is larger than ${BODY_LIMIT_BYTES} bytes.`, { param: 'body' });
+    case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+      return new ServiceError('invalid_request', 'Send the body as application/json.', { param: 'body' });
+    default:
+      break;
+  }
+  if (fastifyError.statusCode === 429) return new ServiceError('rate_limited', fastifyError.message);
+  if (fastifyError.statusCode === 503) return new ServiceError('service_unavailable', 'The service is shutting down; retry.');
+  if (fastifyError.statusCode && fastifyError.statusCode >= 400 && fastifyError.statusCode < 500) {
+    return new ServiceError('invalid_request', 'The request is malformed.', { param: 'body' });
+  }
+  return new ServiceError('internal_error', 'An internal error occurred.');
+}
+
+export function toSnakeCase(name: string): string {
+  return name.replace(/[A-Z]/g, (letter) => `_${letter.toLowerCase()}`);
+}
+
+/**
+ * Bodies take the camelCase reference names and, as aliases, the snake_case spellings of
+ * SPEC.md's examples. Both spellings of one field in one body is ambiguous: refused.
+ */
+export function camelCaseKeys(body: Record<string, unknown>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(body)) {
+    const camel = key.includes('_') ? key.replace(/_([a-z0-9])/g, (_m, c: string) => c.toUpperCase()) : key;
+    if (camel in out) throw new ServiceError('invalid_request', `"${key}" is given twice (camelCase and snake_case).`, { param: key });
+    out[camel] = Array.isArray(value)
+      ? value.map((item) => (item && typeof item === 'object' && !Array.isArray(item) ? camelCaseKeys(item as Record<string, unknown>) : item))
+      : value;
+  }
+  return out;
+}
+
+export { ERROR_CODES };

@@ -1,0 +1,50 @@
+/**
+ * The API reference: the OpenAPI 3.1 document generated from the route schemas
+ * (`/openapi.json`), a browsable reference at `/docs`, and `/docs/errors` with every error code
+ * (the `docs` link of every error points into it).
+ */
+import swagger from '@fastify/swagger';
+import swaggerUi from '@fastify/swagger-ui';
+import { ERROR_CODES } from '../errors/errors.ts';
+import type { App } from './app.ts';
+import type { AppContext } from './context.ts';
+
+export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'Agent Vault API',
+        version: '1.0.0-beta',
+        description: 'Policy-governed USDC vaults on Solana for software agents. Amounts are decimal strings of USDC '
+          + '(at most 6 fractional digits). Errors: see /docs/errors.',
+      },
+      components: {
+        securitySchemes: { apiKey: { type: 'http', scheme: 'bearer', description: 'Authorization: Bearer <API_KEY>' } },
+      },
+      security: [{ apiKey: [] }],
+    },
+  });
+  await app.register(swaggerUi, { routePrefix: '/docs', staticCSP: true });
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  app.get('/docs/errors', { schema: { hide: true } }, async (_request, reply) => {
+    const rows = Object.entries(ERROR_CODES).map(([code, { status, description }]) =>
+      `<tr id="${code}"><td><a href="#${code}"><code>${code}</code></a></td><td>${status}</td><td>${escapeHtml(description)}</td></tr>`);
+    return reply.type('text/html; charset=utf-8').send(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Agent Vault — errors</title>
+<style>body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}
+table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #ddd;padding:.5rem;text-align:left;vertical-align:top}
+tr:target{background:#fff6d5}</style></head><body>
+<h1>Errors</h1>
+<p>Every error response is <code>{"error": {"code", "message", "docs", "request_id", ...}}</code>.
+Validation errors add <code>param</code>; policy violations add <code>violation</code> {rule, limit, attempted},
+<code>wallet_id</code> and <code>policy_id</code>. The <code>Request-Id</code> header equals <code>request_id</code>.</p>
+<table><thead><tr><th>code</th><th>status</th><th>meaning</th></tr></thead><tbody>
+${rows.join('\n')}
+</tbody></table></body></html>`);
+  });
+}
+
+function escapeHtml(text: string): string {
+  return text.replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]!);
+}

@@ -1,0 +1,64 @@
+/**
+ * The HTTP foundation through the real stack: request ids, the error shape, auth, docs.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { startTestService, type TestService } from '../../test/harness.ts';
+
+describe('HTTP foundation', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  test('healthz answers ok once the database and chain answer, without auth', async () => {
+    const response = await t.request('GET', '/healthz', { key: null });
+    assert.equal(response.status, 200);
+    assert.deepEqual(response.body, { status: 'ok' });
+    assert.match(String(response.headers['request-id']), /^req_/);
+  });
+
+  test('every error has the documented shape and its request id equals the Request-Id header', async () => {
+    const response = await t.request('GET', '/v1/organization', { key: null });
+    assert.equal(response.status, 401);
+    assert.equal(response.body.error.code, 'authentication_failed');
+    assert.equal(response.body.error.docs, 'https://docs.agent-vault.test/errors#authentication_failed');
+    assert.equal(response.body.error.request_id, response.headers['request-id']);
+    assert.equal(typeof response.body.error.message, 'string');
+  });
+
+  test('unknown routes answer 404 not_found in the same shape', async () => {
+    const response = await t.request('GET', '/v1/nothing-here');
+    assert.equal(response.status, 404);
+    assert.equal(response.body.error.code, 'not_found');
+  });
+
+  test('a wrong or revoked key is 401; a syntactically odd one never reaches the database', async () => {
+    for (const key of ['av_admin_wrongwrongwrongwrongwrongwrong00', 'short', 'x'.repeat(300)]) {
+      const response = await t.request('GET', '/v1/organization', { key });
+      assert.equal(response.status, 401, key);
+      assert.equal(response.body.error.code, 'authentication_failed');
+    }
+  });
+
+  test('GET /v1/organization shows the reserve address and its balance', async () => {
+    const response = await t.request('GET', '/v1/organization');
+    assert.equal(response.status, 200);
+    assert.equal(response.body.org_id, t.orgId);
+    assert.equal(response.body.reserve.usdc_balance, '0.00');
+    assert.match(response.body.reserve.chain_address, /^[1-9A-HJ-NP-Za-km-z]{32,44}$/);
+  });
+
+  test('the OpenAPI document, the reference and the error page are served', async () => {
+    const openapi = await t.request('GET', '/openapi.json', { key: null });
+    assert.equal(openapi.status, 200);
+    assert.equal(openapi.body.openapi, '3.1.0');
+    assert.ok(openapi.body.paths['/v1/organization']);
+    const docs = await t.request('GET', '/docs/', { key: null });
+    assert.equal(docs.status, 200);
+    const errors = await t.request('GET', '/docs/errors', { key: null });
+    assert.equal(errors.status, 200);
+    for (const code of ['invalid_request', 'policy_violation', 'rate_limited', 'internal_error']) {
+      assert.ok(String(errors.body).includes(`id="${code}"`), code);
+    }
+  });
+});

@@ -1,0 +1,78 @@
+/**
+ * Keyset pagination shared by every list: newest first on (created_at, id), an opaque cursor
+ * naming the last row seen, `limit` 1..100 (default 20). Stable under concurrent inserts: a
+ * row created after the first page never shifts the pages that follow.
+ */
+import { Type } from 'typebox';
+import { invalidRequest } from '../errors/errors.ts';
+
+export const PAGE_LIMIT_DEFAULT = 20;
+export const PAGE_LIMIT_MAX = 100;
+
+/** Query fields every list accepts. Limit is a string in the query and checked here. */
+export const PageQuery = {
+  limit: Type.Optional(Type.String({ description: `1..${PAGE_LIMIT_MAX}, default ${PAGE_LIMIT_DEFAULT}` })),
+  cursor: Type.Optional(Type.String({ description: 'next_cursor of the previous page', maxLength: 200 })),
+};
+
+export function pageOf<T extends ReturnType<typeof Type.Object>>(item: T) {
+  return Type.Object({
+    data: Type.Array(item),
+    has_more: Type.Boolean(),
+    next_cursor: Type.Union([Type.String(), Type.Null()]),
+  });
+}
+
+export interface PageRequest {
+  limit: number;
+  after: { createdAt: Date; id: string } | null;
+}
+
+export function parsePageRequest(query: { limit?: string; cursor?: string }): PageRequest {
+  let limit = PAGE_LIMIT_DEFAULT;
+  if (query.limit !== undefined) {
+    if (!/^\d{1,3}$/.test(query.limit) || Number(query.limit) < 1 || Number(query.limit) > PAGE_LIMIT_MAX) {
+      throw invalidRequest('limit', `limit must be an integer from 1 to ${PAGE_LIMIT_MAX}`);
+    }
+    limit = Number(query.limit);
+  }
+  return { limit, after: query.cursor === undefined ? null : decodeCursor(query.cursor) };
+}
+
+function decodeCursor(cursor: string): { createdAt: Date; id: string } {
+  try {
+    const [ms, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as [unknown, unknown];
+    if (typeof ms === 'number' && Number.isSafeInteger(ms) && typeof id === 'string' && id.length <= 64) {
+      return { createdAt: new Date(ms), id };
+    }
+  } catch {
+    // falls through to the error below
+  }
+  throw invalidRequest('cursor', 'cursor is not one this API returned');
+}
+
+export function encodeCursor(row: { created_at: Date; id: string }): string {
+  return Buffer.from(JSON.stringify([row.created_at.getTime(), row.id]), 'utf8').toString('base64url');
+}
+
+/**
+ * The SQL condition and parameters for "after the cursor", numbered from `firstParam`.
+ * Rows must be ordered `created_at DESC, id DESC` and fetched with LIMIT limit + 1.
+ */
+export function keysetCondition(page: PageRequest, firstParam: number, table = ''): { sql: string; params: unknown[] } {
+  if (!page.after) return { sql: 'TRUE', params: [] };
+  const prefix = table ? `${table}.` : '';
+  return {
+    sql: `(${prefix}created_at, ${prefix}id) < ($${firstParam}, $${firstParam + 1})`,
+    params: [page.after.createdAt, page.after.id],
+  };
+}
+
+export function toPage<Row extends { created_at: Date; id: string }, Item>(
+  rows: Row[], page: PageRequest, toItem: (row: Row) => Item,
+): { data: Item[]; has_more: boolean; next_cursor: string | null } {
+  const hasMore = rows.length > page.limit;
+  const shown = hasMore ? rows.slice(0, page.limit) : rows;
+  const last = shown[shown.length - 1];
+  return { data: shown.map(toItem), has_more: hasMore, next_cursor: hasMore && last ? encodeCursor(last) : null };
+}

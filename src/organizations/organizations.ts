@@ -1,0 +1,119 @@
+/**
+ * Organisations: each has a reserve account on chain (its USDC), the four preset policies, and
+ * at least one admin API key. The first start creates a default organisation.
+ */
+import type { AppContext } from '../http/context.ts';
+import type { Queryable } from '../db/database.ts';
+import { generateApiKey, hashApiKey, describeKey, type Role } from '../auth/api-keys.ts';
+import { newId } from '../ids/ids.ts';
+import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
+
+export interface OrganizationRow {
+  id: string;
+  name: string;
+  is_default: boolean;
+  reserve_address: string;
+  reserve_token_address: string;
+  reserve_balance: bigint;
+  chain_status: string;
+  created_at: Date;
+}
+
+export interface CreatedKey {
+  id: string;
+  key: string;
+  role: Role;
+}
+
+/** Inserts an API key; the key itself is returned once and only its hash is stored. */
+export async function insertApiKey(
+  tx: Queryable, nowMs: number, orgId: string, role: Role, name: string, presetKey?: string,
+): Promise<CreatedKey> {
+  const key = presetKey ?? generateApiKey(role);
+  const id = newId('key', nowMs);
+  const { prefix, last4 } = describeKey(key);
+  await tx.query(
+    `INSERT INTO api_keys (id, org_id, name, role, key_hash, prefix, last4, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+    [id, orgId, name, role, hashApiKey(key), prefix, last4, new Date(nowMs)]);
+  return { id, key, role };
+}
+
+export async function createOrganization(
+  ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>,
+  options: { name: string; isDefault?: boolean; adminKey?: string },
+): Promise<{ org: OrganizationRow; adminKey: CreatedKey }> {
+  const nowMs = ctx.clock.nowMs();
+  const orgId = newId('org', nowMs);
+  const { reserve, reserveToken } = await ctx.chain.reserveAddresses(orgId);
+  const policyAddresses = await Promise.all(PRESETS.map((preset) => ctx.chain.policyAddress(orgId, preset.id)));
+  const adminKey = await ctx.db.transaction(async (tx) => {
+    await tx.query(
+      `INSERT INTO organizations (id, name, is_default, reserve_address, reserve_token_address, created_at)
+       VALUES ($1, $2, $3, $4, $5, $6)`,
+      [orgId, options.name, options.isDefault ?? false, reserve, reserveToken, new Date(nowMs)]);
+    for (const [index, preset] of PRESETS.entries()) {
+      const r = preset.rules;
+      await tx.query(
+        `INSERT INTO policies (org_id, id, name, is_preset, max_per_tx, max_per_day, max_per_month, velocity_cap,
+           allowed_recipients, blocked_categories, require_co_sign, expiry, chain_address, created_at, updated_at)
+         VALUES ($1, $2, $3, TRUE, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)`,
+        [orgId, preset.id, preset.name, r.maxPerTx, r.maxPerDay, r.maxPerMonth, r.velocityCap,
+          JSON.stringify(r.allowedRecipients), JSON.stringify(r.blockedCategories), r.requireCoSign, r.expiry,
+          policyAddresses[index], new Date(nowMs)]);
+    }
+    return insertApiKey(tx, nowMs, orgId, 'admin', 'Admin key', options.adminKey);
+  });
+  await provisionOrganizationOnChain(ctx, orgId);
+  const org = await getOrganization(ctx.db, orgId);
+  return { org: org!, adminKey };
+}
+
+/**
+ * Creates the reserve and the preset policy accounts on chain, in one transaction. Safe to
+ * repeat: an organisation still `pending` after a crash is provisioned again at start.
+ */
+export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 'chain'>, orgId: string): Promise<void> {
+  const { reserve } = await ctx.chain.reserveAddresses(orgId);
+  const existing = await ctx.chain.getAccountData(reserve);
+  if (!existing) {
+    const instructions = [
+      await ctx.chain.initReserveIx(orgId),
+      ...await Promise.all(PRESETS.map((preset) => ctx.chain.setPolicyIx(orgId, preset.id, chainLimitsOf(preset.rules)))),
+    ];
+    const outcome = await ctx.chain.execute(instructions);
+    if (outcome.err) throw new Error(`provisioning organisation ${orgId} on chain failed: ${outcome.err.name}`);
+  }
+  await ctx.db.transaction(async (tx) => {
+    await tx.query(`UPDATE organizations SET chain_status = 'ready' WHERE id = $1`, [orgId]);
+    await tx.query(`UPDATE policies SET chain_status = 'ready' WHERE org_id = $1 AND is_preset`, [orgId]);
+  });
+}
+
+export async function getOrganization(db: Queryable, orgId: string): Promise<OrganizationRow | null> {
+  const rows = await db.query<OrganizationRow>('SELECT * FROM organizations WHERE id = $1', [orgId]);
+  return rows[0] ?? null;
+}
+
+/**
+ * At start: the default organisation exists (created with AGENT_VAULT_BOOTSTRAP_KEY, or a
+ * generated admin key returned once for printing), and every organisation is on chain.
+ */
+export async function bootstrapOrganizations(
+  ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, bootstrapKey: string | null,
+): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
+  const pending = await ctx.db.query<{ id: string }>(`SELECT id FROM organizations WHERE chain_status = 'pending' ORDER BY id`);
+  for (const { id } of pending) await provisionOrganizationOnChain(ctx, id);
+  const existing = await ctx.db.query<{ id: string }>('SELECT id FROM organizations WHERE is_default');
+  if (existing[0]) {
+    if (bootstrapKey) {
+      // The configured bootstrap key is honoured even when set after the first start.
+      const known = await ctx.db.query('SELECT 1 FROM api_keys WHERE key_hash = $1', [hashApiKey(bootstrapKey)]);
+      if (!known.length) {
+        await insertApiKey(ctx.db, ctx.clock.nowMs(), existing[0].id, 'admin', 'Bootstrap key', bootstrapKey);
+      }
+    }
+    return { created: false, orgId: existing[0].id, adminKey: null };
+  }
+  const { org, adminKey } = await createOrganization(ctx, { name: 'Default organization', isDefault: true, adminKey: bootstrapKey ?? undefined });
+  return { created: true, orgId: org.id, adminKey: bootstrapKey ? null : adminKey.key };
+}

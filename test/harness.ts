@@ -1,0 +1,97 @@
+/**
+ * A whole service for a test: real database (PGlite in memory, or a fresh schema of the
+ * PostgreSQL at DATABASE_URL), the embedded local validator with our program (slots of 0 ms
+ * by default), the default organisation with a known admin key. Requests go through
+ * Fastify's inject, i.e. the real HTTP stack without a socket.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import pino from 'pino';
+import type { Role } from '../src/auth/api-keys.ts';
+import { loadConfig, type Config } from '../src/config/config.ts';
+import { openDatabase, quoteIdentifier } from '../src/db/database.ts';
+import { createOrganization, insertApiKey } from '../src/organizations/organizations.ts';
+import { buildService, type Service } from '../src/server.ts';
+
+export const ADMIN_KEY = 'av_admin_testtesttesttesttesttesttest0001';
+
+export interface TestResponse<T = any> {
+  status: number;
+  body: T;
+  headers: Record<string, string | string[] | undefined>;
+}
+
+export interface RequestOptions {
+  key?: string | null;
+  body?: unknown;
+  headers?: Record<string, string>;
+}
+
+export interface TestService {
+  service: Service;
+  config: Config;
+  orgId: string;
+  adminKey: string;
+  request<T = any>(method: string, url: string, options?: RequestOptions): Promise<TestResponse<T>>;
+  /** a new API key of the given role in the default organisation (or `orgId`) */
+  createKey(role: Role, orgId?: string): Promise<string>;
+  /** a second organisation with its admin key, for isolation tests */
+  createOrganization(name?: string): Promise<{ orgId: string; adminKey: string }>;
+  close(): Promise<void>;
+}
+
+export async function startTestService(options: { env?: Record<string, string>; workers?: boolean } = {}): Promise<TestService> {
+  const dataDir = mkdtempSync(join(tmpdir(), 'av-test-'));
+  const databaseUrl = process.env.DATABASE_URL;
+  const schema = databaseUrl ? `t_${randomBytes(6).toString('hex')}` : undefined;
+  const config = loadConfig({
+    AGENT_VAULT_DATA_DIR: dataDir,
+    AGENT_VAULT_SLOT_MS: '0',
+    AGENT_VAULT_BOOTSTRAP_KEY: ADMIN_KEY,
+    AGENT_VAULT_RATE_LIMIT_PER_MINUTE: '100000',
+    AGENT_VAULT_DOCS_URL: 'https://docs.agent-vault.test',
+    LOG_LEVEL: 'silent',
+    ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),
+    ...options.env,
+  });
+  const service = await buildService(config, {
+    inMemoryDatabase: true, schema, scheduleJobs: false, workers: options.workers ?? true, logger: pino({ level: 'silent' }),
+  });
+  const { ctx, app } = service;
+
+  const request = async <T>(method: string, url: string, opts: RequestOptions = {}): Promise<TestResponse<T>> => {
+    const key = opts.key === undefined ? ADMIN_KEY : opts.key;
+    const headers: Record<string, string> = { ...opts.headers };
+    if (key !== null) headers.authorization = `Bearer ${key}`;
+    const response = await app.inject({
+      method: method as 'GET', url, headers,
+      ...(opts.body === undefined ? {} : { payload: typeof opts.body === 'string' ? opts.body : JSON.stringify(opts.body) }),
+      ...(opts.body !== undefined && !headers['content-type'] ? { headers: { ...headers, 'content-type': 'application/json' } } : {}),
+    });
+    let body: unknown = response.body;
+    if (String(response.headers['content-type'] ?? '').includes('json') && response.body.length) body = response.json();
+    return { status: response.statusCode, body: body as T, headers: response.headers };
+  };
+
+  return {
+    service, config, orgId: service.defaultOrgId, adminKey: ADMIN_KEY, request,
+    async createKey(role, orgId = service.defaultOrgId) {
+      return (await insertApiKey(ctx.db, ctx.clock.nowMs(), orgId, role, `test ${role}`)).key;
+    },
+    async createOrganization(name = 'Other organization') {
+      const { org, adminKey } = await createOrganization(ctx, { name });
+      return { orgId: org.id, adminKey: adminKey.key };
+    },
+    async close() {
+      await service.close();
+      rmSync(dataDir, { recursive: true, force: true });
+      if (databaseUrl && schema) {
+        const admin = await openDatabase({ databaseUrl, dataDir: null });
+        await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
+        await admin.close();
+      }
+    },
+  };
+}
