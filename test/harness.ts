@@ -20,7 +20,7 @@ export const ADMIN_KEY = 'av_admin_testtesttesttesttesttesttest0001';
 export interface TestResponse<T = any> {
   status: number;
   body: T;
-  headers: Record<string, string | string[] | undefined>;
+  headers: Record<string, string | string[] | number | undefined>;
 }
 
 export interface RequestOptions {

@@ -62,3 +62,56 @@ describe('HTTP foundation', () => {
     }
   });
 });
+
+describe('test helpers', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  test('a test deposit mints USDC to the reserve on chain and indexes it once', async () => {
+    const response = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '250.5' } });
+    assert.equal(response.status, 200);
+    assert.equal(response.body.amount, '250.50');
+    assert.equal(response.body.status, 'confirmed');
+    assert.equal(response.body.org_balance, '250.50');
+    const org = await t.request('GET', '/v1/organization');
+    assert.equal(org.body.reserve.usdc_balance, '250.50');
+    const onChain = await t.service.ctx.chain.getTokenBalance(org.body.reserve.token_account);
+    assert.equal(onChain, 250_500_000n, 'the index equals the chain');
+    const bad = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '-1' } });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.code, 'invalid_amount');
+  });
+
+  test('the test clock moves business time forward and the chain follows', async () => {
+    const before = await t.request('GET', '/v1/test_helpers/clock');
+    const advanced = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 7200 } });
+    assert.equal(advanced.status, 200);
+    assert.ok(Date.parse(advanced.body.now) - Date.parse(before.body.now) >= 7_200_000);
+    assert.equal(advanced.body.offset_seconds, before.body.offset_seconds + 7200);
+    const bad = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 0 } });
+    assert.equal(bad.body.error.code, 'invalid_request');
+    assert.equal(bad.body.error.param, 'seconds');
+  });
+
+  test('a viewer key may read the clock but not move it', async () => {
+    const viewer = await t.createKey('viewer');
+    assert.equal((await t.request('GET', '/v1/test_helpers/clock', { key: viewer })).status, 200);
+    const moved = await t.request('POST', '/v1/test_helpers/clock/advance', { key: viewer, body: { seconds: 1 } });
+    assert.equal(moved.status, 403);
+    assert.equal(moved.body.error.code, 'insufficient_permissions');
+  });
+});
+
+describe('test helpers against a real cluster', () => {
+  test('are off: 404 like any unknown route', async () => {
+    const t = await startTestService({ env: { AGENT_VAULT_TEST_HELPERS: 'off' } });
+    try {
+      const response = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '1' } });
+      assert.equal(response.status, 404);
+      assert.equal(response.body.error.code, 'not_found');
+    } finally {
+      await t.close();
+    }
+  });
+});

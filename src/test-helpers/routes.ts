@@ -1,0 +1,82 @@
+/**
+ * Test helpers (DESIGN §9), only with the local validator and AGENT_VAULT_TEST_HELPERS on;
+ * otherwise every route here answers 404 like any unknown route.
+ */
+import { Type } from 'typebox';
+import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import type { App } from '../http/app.ts';
+import { principalOf } from '../http/auth.ts';
+import type { AppContext } from '../http/context.ts';
+import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { depositTestUsdc } from '../organizations/deposits.ts';
+import { getOrganization } from '../organizations/organizations.ts';
+
+/** One advance moves time by at most a year: a typo must not push the clock decades ahead. */
+const CLOCK_ADVANCE_MAX_SECONDS = 366 * 24 * 3600;
+
+const ClockView = Type.Object({
+  now: Type.String({ description: 'the service clock, ISO 8601 with milliseconds' }),
+  offset_seconds: Type.Number({ description: 'how far the service clock is ahead of wall time' }),
+});
+
+export function testHelperRoutes(app: App, ctx: AppContext): void {
+  const enabled = ctx.config.testHelpers && ctx.cheatcodes !== null;
+  const guard = async (): Promise<void> => {
+    if (!enabled) throw new ServiceError('not_found', 'Test helpers are off (they need the local validator).');
+  };
+  const clockView = () => ({
+    now: new Date(ctx.clock.nowMs()).toISOString(),
+    offset_seconds: ctx.clock.offsetMs / 1000,
+  });
+
+  app.post('/v1/test_helpers/deposits', {
+    config: { permission: 'test_helpers' },
+    preHandler: guard,
+    schema: {
+      tags: ['Test helpers'],
+      summary: 'Mint local USDC into your reserve (local validator only)',
+      body: Type.Object({ amount: Type.String() }, { additionalProperties: false }),
+      response: {
+        200: Type.Object({
+          deposit_id: Type.String(), amount: Type.String(), status: Type.String(), tx_signature: Type.String(),
+          on_chain_slot: Type.Union([Type.Integer(), Type.Null()]), org_balance: Type.String(), created_at: Type.String(),
+        }),
+      },
+    },
+  }, async (request) => {
+    const amount = parseUsdc(request.body.amount);
+    if (amount === null) throw new ServiceError('invalid_amount', 'amount must be a positive decimal string of USDC.', { param: 'amount' });
+    const { orgId } = principalOf(request);
+    const deposit = await depositTestUsdc(ctx, orgId, amount);
+    const org = await getOrganization(ctx.db, orgId);
+    return {
+      deposit_id: deposit.id, amount: formatUsdc(deposit.amount), status: deposit.status, tx_signature: deposit.tx_signature,
+      on_chain_slot: deposit.on_chain_slot === null ? null : Number(deposit.on_chain_slot),
+      org_balance: formatUsdc(org!.reserve_balance), created_at: deposit.created_at.toISOString(),
+    };
+  });
+
+  app.get('/v1/test_helpers/clock', {
+    config: { permission: 'read' },
+    preHandler: guard,
+    schema: { tags: ['Test helpers'], summary: 'The service clock', response: { 200: ClockView } },
+  }, async () => clockView());
+
+  app.post('/v1/test_helpers/clock/advance', {
+    config: { permission: 'test_helpers' },
+    preHandler: guard,
+    schema: {
+      tags: ['Test helpers'],
+      summary: 'Move the service clock (and the chain\'s clock) forward',
+      body: Type.Object({ seconds: Type.Integer({ minimum: 1 }) }, { additionalProperties: false }),
+      response: { 200: ClockView },
+    },
+  }, async (request) => {
+    const { seconds } = request.body;
+    if (seconds > CLOCK_ADVANCE_MAX_SECONDS) throw invalidRequest('seconds', `seconds must be at most ${CLOCK_ADVANCE_MAX_SECONDS}`);
+    await ctx.clock.advanceBy(seconds);
+    // A standalone validator keeps its own clock: tell it. The embedded one reads ctx.clock.
+    if (!ctx.validator && ctx.cheatcodes) await ctx.cheatcodes.agentVault_setTime(ctx.clock.nowMs()).send();
+    return clockView();
+  });
+}
