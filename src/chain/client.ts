@@ -6,6 +6,7 @@
  * and can be recorded first; after a crash the signature is enough to find out what happened.
  */
 import {
+  address,
   appendTransactionMessageInstructions,
   createTransactionMessage,
   getBase64EncodedWireTransaction,
@@ -26,6 +27,21 @@ import {
 import * as program from './program.ts';
 
 export type SolanaRpc = Rpc<SolanaRpcApi>;
+
+/** SPL Memo (v3): present on every cluster and in LiteSVM. */
+export const MEMO_PROGRAM = address('MemoSq4gqABAXKb96qnH8TysNcWxMyWCqXgDLGmfcHr');
+const MEMO_REFERENCE_MAX_BYTES = 64;
+
+/**
+ * A memo naming the service's record of a transaction (`agent-vault:tx_…`). It links the chain
+ * transaction to its record for anyone reading the chain, and makes two transactions with the
+ * same instructions distinct, so they never share a signature (which the chain would run once).
+ */
+export function referenceMemoIx(reference: string): Instruction {
+  const data = new TextEncoder().encode(`agent-vault:${reference}`);
+  if (data.length > MEMO_REFERENCE_MAX_BYTES) throw new Error('memo reference too long');
+  return { programAddress: MEMO_PROGRAM, accounts: [], data };
+}
 
 export interface PreparedTransaction {
   signature: Signature;
@@ -427,6 +443,16 @@ export class ChainClient {
     const status = value[0];
     if (!status) return null;
     return { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null };
+  }
+
+  /** getOutcome for up to 256 signatures in one call, in order. */
+  async getOutcomes(signatures: readonly Signature[]): Promise<Array<TransactionOutcome | null>> {
+    if (signatures.length > STATUS_BATCH_MAX) throw new Error(`at most ${STATUS_BATCH_MAX} signatures per call`);
+    const { value } = await this.rpc.getSignatureStatuses(signatures, { searchTransactionHistory: true }).send();
+    return signatures.map((signature, i) => {
+      const status = value[i];
+      return status ? { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null } : null;
+    });
   }
 
   async getBlockHeight(): Promise<bigint> {

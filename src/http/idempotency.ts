@@ -9,6 +9,7 @@
  * kept: the key is released so the client can retry it.
  */
 import { createHash } from 'node:crypto';
+import type { FastifyReply } from 'fastify';
 import type { Database } from '../db/database.ts';
 import { ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 
@@ -111,4 +112,10 @@ async function finish(db: Database, orgId: string, key: string, outcome: { statu
   await db.query(
     `UPDATE idempotency_keys SET state = 'done', response_status = $3, response_body = $4 WHERE org_id = $1 AND key = $2`,
     [orgId, key, outcome.status, JSON.stringify(outcome.body, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v))]);
+}
+
+/** Sends an idempotent outcome, marking a replay with `Idempotency-Replayed: true`. */
+export function sendIdempotent(reply: FastifyReply, result: IdempotentResponse): FastifyReply {
+  if (result.replayed) reply.header('Idempotency-Replayed', 'true');
+  return reply.code(result.status).send(result.body);
 }

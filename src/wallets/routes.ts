@@ -1,5 +1,358 @@
+/**
+ * Wallet endpoints (SPEC.md "Wallets"): create, read, list, update, archive, rotate the session
+ * token, auto-topup settings, and moving USDC between the reserve and vaults.
+ */
+import { Type } from 'typebox';
+import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
+import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
+import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
+import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { formatUsdc, parseUsdc } from '../money/money.ts';
+import type { TransactionRow } from '../transactions/settlement.ts';
+import { FUND_BATCH_MAX, fundWallets, withdrawFromWallet, type MoveResult } from './funding.ts';
+import {
+  SESSION_TTL_SECONDS_DEFAULT, SESSION_TTL_SECONDS_MAX, SESSION_TTL_SECONDS_MIN,
+} from './session-token.ts';
+import {
+  AGENT_ID_PATTERN, LABEL_MAX, TAGS_MAX, TAG_PATTERN, WALLET_SELECT, WalletStatusSchema, WalletView,
+  archiveWallet, assertVaultAccess, createWallet, getWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
+  type WalletWithPolicy,
+} from './wallets.ts';
 
-// Routes of this feature are being written (issue 3); registered from src/http/routes.ts.
-export function walletRoutes(_app: App, _ctx: AppContext): void {}
+const WalletParams = Type.Object({ wallet_id: Type.String({ maxLength: 64 }) });
+const IdempotencyKeyField = Type.Optional(Type.String({ description: 'or the Idempotency-Key header' }));
+const Tags = Type.Array(Type.String({ pattern: TAG_PATTERN }), { maxItems: TAGS_MAX });
+const Label = Type.String({ minLength: 1, maxLength: LABEL_MAX });
+const PolicyId = Type.String({ minLength: 1, maxLength: 64 });
+
+const MoveStatus = Type.Union([Type.Literal('confirmed'), Type.Literal('pending'), Type.Literal('failed')]);
+const FundView = Type.Object({
+  wallet_id: Type.String(),
+  funded_amount: Type.String(),
+  usdc_balance: Type.String(),
+  org_balance_remaining: Type.String(),
+  status: MoveStatus,
+  tx_id: Type.String(),
+  tx_signature: Type.String(),
+  on_chain_slot: Type.Union([Type.Integer(), Type.Null()]),
+});
+const FundBatchView = Type.Object({
+  batch_id: Type.String(),
+  status: MoveStatus,
+  total_amount: Type.String(),
+  org_balance_remaining: Type.String(),
+  tx_signature: Type.String(),
+  on_chain_slot: Type.Union([Type.Integer(), Type.Null()]),
+  allocations: Type.Array(Type.Object({
+    wallet_id: Type.String(), amount: Type.String(), usdc_balance: Type.String(), tx_id: Type.String(),
+  })),
+});
+const WithdrawView = Type.Object({
+  wallet_id: Type.String(),
+  withdrawn_amount: Type.String(),
+  usdc_balance: Type.String(),
+  org_balance: Type.String(),
+  status: MoveStatus,
+  tx_id: Type.String(),
+  tx_signature: Type.String(),
+  on_chain_slot: Type.Union([Type.Integer(), Type.Null()]),
+});
+
+function amountOf(text: string, param = 'amount'): bigint {
+  const amount = parseUsdc(text);
+  if (amount === null) {
+    throw new ServiceError('invalid_amount', `${param} must be a positive decimal string of USDC with at most 6 decimals.`, { param });
+  }
+  return amount;
+}
+
+function assertUsdc(currency: string | undefined): void {
+  if (currency !== undefined && currency !== 'USDC') {
+    throw new ServiceError('invalid_currency', `Only USDC is supported, not "${currency}".`, { param: 'currency' });
+  }
+}
+
+/** A settled move the chain refused: the index and the chain disagree, which must never pass silently. */
+function assertNotFailed(result: MoveResult, code: 'org_insufficient_balance' | 'withdrawal_exceeds_balance'): void {
+  if (result.status !== 'failed') return;
+  const reason = result.transactions[0]?.failure_reason;
+  if (reason === 'InsufficientFunds') throw new ServiceError(code, 'The chain refused the transfer: the source balance does not cover it.');
+  throw new Error(`transfer failed on chain: ${reason}`);
+}
+
+const slotOf = (row: TransactionRow): number | null => (row.on_chain_slot === null ? null : Number(row.on_chain_slot));
+
+export function walletRoutes(app: App, ctx: AppContext): void {
+  const reserveBalance = async (orgId: string): Promise<bigint> =>
+    (await ctx.db.query<{ reserve_balance: bigint }>('SELECT reserve_balance FROM organizations WHERE id = $1', [orgId]))[0]!.reserve_balance;
+
+  app.post('/v1/wallets', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Wallets'], summary: 'Create a wallet (a vault on chain) for an agent',
+      body: Type.Object({
+        agentId: Type.String({ pattern: AGENT_ID_PATTERN, description: 'your identifier of the agent; unique, never reused' }),
+        label: Label,
+        policyId: PolicyId,
+        tags: Type.Optional(Tags),
+        ownerOrg: Type.Optional(Type.String({ description: 'accepted for compatibility; must be your organisation' })),
+        idempotencyKey: IdempotencyKeyField,
+      }, { additionalProperties: false }),
+      response: { 200: WalletView },
+    },
+  }, async (request, reply) => {
+    const { orgId } = principalOf(request);
+    const { idempotencyKey, ownerOrg, ...input } = request.body;
+    if (ownerOrg !== undefined && ownerOrg !== orgId) {
+      throw new ServiceError('invalid_request', 'owner_org must be the organisation of your API key.', { param: 'owner_org' });
+    }
+    const result = await runIdempotent(ctx.db, {
+      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], idempotencyKey),
+      operation: 'wallets.create', params: input, nowMs: ctx.clock.nowMs(),
+    }, async () => ({
+      status: 200, body: walletView(await createWallet(ctx, orgId, { ...input, tags: input.tags ?? [] })),
+    }));
+    return sendIdempotent(reply, result);
+  });
+
+  app.get('/v1/wallets/:wallet_id', {
+    config: { permission: 'vault_read' },
+    schema: {
+      tags: ['Wallets'], summary: 'A wallet, with its balance and policy',
+      description: 'An `agent` key must send the wallet\'s `Session-Token` header.',
+      params: WalletParams, response: { 200: WalletView },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
+    assertVaultAccess(principal, wallet, request.headers['session-token'] as string | undefined, ctx.clock.nowMs());
+    return walletView(wallet);
+  });
+
+  app.get('/v1/wallets', {
+    config: { permission: 'read' },
+    schema: {
+      tags: ['Wallets'], summary: 'List wallets, newest first',
+      querystring: Type.Object({
+        ...PageQuery,
+        status: Type.Optional(WalletStatusSchema),
+        tags: Type.Optional(Type.String({ maxLength: 1100, description: 'comma-separated; wallets having all of them' })),
+      }, { additionalProperties: false }),
+      response: { 200: pageOf(WalletView) },
+    },
+  }, async (request) => {
+    const { orgId } = principalOf(request);
+    const page = parsePageRequest(request.query);
+    const params: unknown[] = [orgId];
+    const where = ['w.org_id = $1'];
+    if (request.query.status) {
+      params.push(request.query.status);
+      where.push(`w.status = $${params.length}`);
+    } else {
+      where.push(`w.status <> 'archived'`);
+    }
+    if (request.query.tags) {
+      const tags = request.query.tags.split(',').map((tag) => tag.trim()).filter(Boolean);
+      if (tags.length > TAGS_MAX || tags.some((tag) => !new RegExp(TAG_PATTERN).test(tag))) {
+        throw new ServiceError('invalid_request', `tags is a comma-separated list of at most ${TAGS_MAX} tags.`, { param: 'tags' });
+      }
+      params.push(tags);
+      where.push(`w.tags @> $${params.length}::text[]`);
+    }
+    const after = keysetCondition(page, params.length + 1, 'w');
+    params.push(...after.params);
+    const rows = await ctx.db.query<WalletWithPolicy>(
+      `${WALLET_SELECT} WHERE ${where.join(' AND ')} AND ${after.sql}
+       ORDER BY w.created_at DESC, w.id DESC LIMIT ${page.limit + 1}`, params);
+    return toPage(rows, page, walletView);
+  });
+
+  app.patch('/v1/wallets/:wallet_id', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Wallets'], summary: 'Change label, policy or tags; freeze (status "frozen") or unfreeze (status "active")',
+      params: WalletParams,
+      body: Type.Object({
+        label: Type.Optional(Label),
+        policyId: Type.Optional(PolicyId),
+        tags: Type.Optional(Tags),
+        status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('frozen')])),
+      }, { additionalProperties: false, minProperties: 1 }),
+      response: { 200: WalletView },
+    },
+  }, async (request) => {
+    const { orgId } = principalOf(request);
+    return walletView(await updateWallet(ctx, orgId, request.params.wallet_id, request.body));
+  });
+
+  app.delete('/v1/wallets/:wallet_id', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Wallets'], summary: 'Archive a wallet (its balance must be zero); it then only answers reads',
+      params: WalletParams, response: { 200: WalletView },
+    },
+  }, async (request) => walletView(await archiveWallet(ctx, principalOf(request).orgId, request.params.wallet_id)));
+
+  app.post('/v1/wallets/:wallet_id/rotate-token', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Wallets'], summary: 'Issue a new session token for the wallet\'s agent; the previous one stops working at once',
+      params: WalletParams,
+      body: Type.Optional(Type.Object({
+        ttlSeconds: Type.Optional(Type.Integer({
+          minimum: SESSION_TTL_SECONDS_MIN, maximum: SESSION_TTL_SECONDS_MAX, default: SESSION_TTL_SECONDS_DEFAULT,
+        })),
+      }, { additionalProperties: false })),
+      response: { 200: Type.Object({ wallet_id: Type.String(), session_token: Type.String(), expires_at: Type.String() }) },
+    },
+  }, async (request) => {
+    const ttl = request.body?.ttlSeconds ?? SESSION_TTL_SECONDS_DEFAULT;
+    return rotateSessionToken(ctx, principalOf(request).orgId, request.params.wallet_id, ttl);
+  });
+
+  app.put('/v1/wallets/:wallet_id/auto-topup', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Wallets'], summary: 'Configure auto-topup from the reserve',
+      params: WalletParams,
+      body: Type.Object({
+        enabled: Type.Boolean(),
+        triggerBelow: Type.Optional(Type.String({ description: 'top up when a debit leaves the balance below this' })),
+        topupAmount: Type.Optional(Type.String({ description: 'how much one topup adds' })),
+      }, { additionalProperties: false }),
+      response: { 200: WalletView },
+    },
+  }, async (request) => {
+    const { enabled, triggerBelow, topupAmount } = request.body;
+    if (enabled && (triggerBelow === undefined || topupAmount === undefined)) {
+      throw new ServiceError('invalid_request', 'Enabling auto-topup needs triggerBelow and topupAmount.',
+        { param: triggerBelow === undefined ? 'trigger_below' : 'topup_amount' });
+    }
+    const trigger = triggerBelow === undefined ? null : parseUsdc(triggerBelow, { allowZero: true });
+    if (triggerBelow !== undefined && trigger === null) {
+      throw new ServiceError('invalid_amount', 'trigger_below must be a decimal string of USDC.', { param: 'trigger_below' });
+    }
+    const amount = topupAmount === undefined ? null : amountOf(topupAmount, 'topup_amount');
+    return walletView(await setAutoTopup(ctx, principalOf(request).orgId, request.params.wallet_id,
+      { enabled, triggerBelow: trigger, topupAmount: amount }));
+  });
+
+  app.post('/v1/wallets/:wallet_id/fund', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Funding'], summary: 'Move USDC from the organisation reserve to the wallet',
+      params: WalletParams,
+      body: Type.Object({
+        amount: Type.String(), currency: Type.Optional(Type.String()), idempotencyKey: IdempotencyKeyField,
+      }, { additionalProperties: false }),
+      response: { 200: FundView },
+    },
+  }, async (request, reply) => {
+    const { orgId } = principalOf(request);
+    const { wallet_id: walletId } = request.params;
+    assertUsdc(request.body.currency);
+    const amount = amountOf(request.body.amount);
+    const result = await runIdempotent(ctx.db, {
+      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      operation: 'wallets.fund', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
+    }, async () => {
+      const moved = await fundWallets(ctx, orgId, [{ walletId, amount }]);
+      assertNotFailed(moved, 'org_insufficient_balance');
+      const row = moved.transactions[0]!;
+      const wallet = await getWallet(ctx.db, orgId, walletId);
+      return {
+        status: 200,
+        body: {
+          wallet_id: walletId, funded_amount: formatUsdc(amount), usdc_balance: formatUsdc(wallet.balance),
+          org_balance_remaining: formatUsdc(await reserveBalance(orgId)), status: moved.status, tx_id: row.id,
+          tx_signature: row.tx_signature!, on_chain_slot: slotOf(row),
+        },
+      };
+    });
+    return sendIdempotent(reply, result);
+  });
+
+  app.post('/v1/wallets/fund-batch', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Funding'], summary: `Fund up to ${FUND_BATCH_MAX} wallets atomically (one chain transaction)`,
+      body: Type.Object({
+        allocations: Type.Array(Type.Object({
+          walletId: Type.String({ maxLength: 64 }), amount: Type.String(),
+        }, { additionalProperties: false }), { minItems: 1, maxItems: FUND_BATCH_MAX }),
+        idempotencyKey: IdempotencyKeyField,
+      }, { additionalProperties: false }),
+      response: { 200: FundBatchView },
+    },
+  }, async (request, reply) => {
+    const { orgId } = principalOf(request);
+    const allocations = request.body.allocations.map((a, i) => ({ walletId: a.walletId, amount: amountOf(a.amount, `allocations.${i}.amount`) }));
+    const result = await runIdempotent(ctx.db, {
+      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      operation: 'wallets.fund_batch', params: allocations, nowMs: ctx.clock.nowMs(),
+    }, async () => {
+      const moved = await fundWallets(ctx, orgId, allocations);
+      assertNotFailed(moved, 'org_insufficient_balance');
+      const balances = await ctx.db.query<{ id: string; balance: bigint }>(
+        'SELECT id, balance FROM wallets WHERE org_id = $1 AND id = ANY($2)', [orgId, allocations.map((a) => a.walletId)]);
+      const balanceOf = new Map(balances.map((w) => [w.id, w.balance]));
+      const rowOf = new Map(moved.transactions.map((row) => [row.wallet_id, row]));
+      const first = moved.transactions[0]!;
+      return {
+        status: 200,
+        body: {
+          batch_id: first.batch_id ?? first.id,
+          status: moved.status,
+          total_amount: formatUsdc(allocations.reduce((sum, a) => sum + a.amount, 0n)),
+          org_balance_remaining: formatUsdc(await reserveBalance(orgId)),
+          tx_signature: first.tx_signature!,
+          on_chain_slot: slotOf(first),
+          allocations: allocations.map((a) => ({
+            wallet_id: a.walletId, amount: formatUsdc(a.amount), usdc_balance: formatUsdc(balanceOf.get(a.walletId)!),
+            tx_id: rowOf.get(a.walletId)!.id,
+          })),
+        },
+      };
+    });
+    return sendIdempotent(reply, result);
+  });
+
+  app.post('/v1/wallets/:wallet_id/withdraw', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Funding'], summary: 'Return USDC from the wallet to the organisation reserve',
+      params: WalletParams,
+      body: Type.Object({
+        amount: Type.String({ description: 'decimal USDC, or "all" for the whole balance' }),
+        currency: Type.Optional(Type.String()),
+        idempotencyKey: IdempotencyKeyField,
+      }, { additionalProperties: false }),
+      response: { 200: WithdrawView },
+    },
+  }, async (request, reply) => {
+    const { orgId } = principalOf(request);
+    const { wallet_id: walletId } = request.params;
+    assertUsdc(request.body.currency);
+    const amount = request.body.amount === 'all' ? 'all' as const : amountOf(request.body.amount);
+    const result = await runIdempotent(ctx.db, {
+      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      operation: 'wallets.withdraw', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
+    }, async () => {
+      const moved = await withdrawFromWallet(ctx, orgId, walletId, amount);
+      assertNotFailed(moved, 'withdrawal_exceeds_balance');
+      const row = moved.transactions[0]!;
+      const wallet = await getWallet(ctx.db, orgId, walletId);
+      return {
+        status: 200,
+        body: {
+          wallet_id: walletId, withdrawn_amount: formatUsdc(row.amount), usdc_balance: formatUsdc(wallet.balance),
+          org_balance: formatUsdc(await reserveBalance(orgId)), status: moved.status, tx_id: row.id,
+          tx_signature: row.tx_signature!, on_chain_slot: slotOf(row),
+        },
+      };
+    });
+    return sendIdempotent(reply, result);
+  });
+}

@@ -1,0 +1,297 @@
+/**
+ * Funding, batch funding and withdrawal: exact amounts, the index equal to the chain, money
+ * conserved, no overdraw under concurrency, safe retries, and crash recovery.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { address } from '@solana/kit';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { insertTransaction, reconcilePending } from '../transactions/settlement.ts';
+
+let agentCounter = 0;
+
+async function newWallet(t: TestService, key?: string): Promise<{ wallet_id: string; chain_address: string; token_account: string }> {
+  const response = await t.request('POST', '/v1/wallets', {
+    key, body: { agentId: `fund-${process.pid}-${(agentCounter += 1)}`, label: 'Funded agent', policyId: 'pol_moderate' },
+  });
+  assert.equal(response.status, 200, JSON.stringify(response.body));
+  return response.body;
+}
+
+async function deposit(t: TestService, amount: string, key?: string): Promise<void> {
+  const response = await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount } });
+  assert.equal(response.status, 200);
+}
+
+/** The service's index against the chain, and reserve + Σ vaults = Σ deposits (nothing left the organisation). */
+async function assertIndexEqualsChainAndConserved(t: TestService, orgId = t.orgId): Promise<void> {
+  const { db, chain } = t.service.ctx;
+  const [org] = await db.query<{ reserve_balance: bigint; reserve_token_address: string }>(
+    'SELECT reserve_balance, reserve_token_address FROM organizations WHERE id = $1', [orgId]);
+  assert.equal(await chain.getTokenBalance(address(org!.reserve_token_address)), org!.reserve_balance, 'reserve: index = chain');
+  const wallets = await db.query<{ balance: bigint; token_address: string }>(
+    'SELECT balance, token_address FROM wallets WHERE org_id = $1', [orgId]);
+  let vaults = 0n;
+  for (const wallet of wallets) {
+    assert.equal(await chain.getTokenBalance(address(wallet.token_address)), wallet.balance, 'vault: index = chain');
+    vaults += wallet.balance;
+  }
+  const [deposits] = await db.query<{ total: bigint }>('SELECT COALESCE(SUM(amount), 0)::bigint AS total FROM deposits WHERE org_id = $1', [orgId]);
+  assert.equal(org!.reserve_balance + vaults, deposits!.total, 'money is conserved');
+}
+
+describe('funding and withdrawal', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  test('funding moves exactly the amount from the reserve to the vault, confirmed on chain', async () => {
+    await deposit(t, '100');
+    const wallet = await newWallet(t);
+    const funded = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '30.25', currency: 'USDC' } });
+    assert.equal(funded.status, 200, JSON.stringify(funded.body));
+    assert.equal(funded.body.funded_amount, '30.25');
+    assert.equal(funded.body.usdc_balance, '30.25');
+    assert.equal(funded.body.org_balance_remaining, '69.75');
+    assert.equal(funded.body.status, 'confirmed');
+    assert.equal(typeof funded.body.on_chain_slot, 'number');
+    assert.equal(await t.service.ctx.chain.getTokenBalance(address(wallet.token_account)), 30_250_000n);
+    const [row] = await t.service.ctx.db.query<{ type: string; status: string; tx_signature: string }>(
+      'SELECT type, status, tx_signature FROM transactions WHERE id = $1', [funded.body.tx_id]);
+    assert.deepEqual(row, { type: 'funding', status: 'confirmed', tx_signature: funded.body.tx_signature });
+    const events = await t.service.ctx.db.query<{ payload: Record<string, unknown> }>(
+      `SELECT payload FROM events WHERE type = 'wallet.funded' AND wallet_id = $1`, [wallet.wallet_id]);
+    assert.equal(events.length, 1);
+    assert.equal(events[0]!.payload.amount, '30.25');
+    assert.equal(events[0]!.payload.source, 'reserve');
+    const read = await t.request('GET', `/v1/wallets/${wallet.wallet_id}`);
+    assert.equal(read.body.usdc_balance, '30.25');
+    assert.ok(read.body.last_transaction_at, 'last_transaction_at is set');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('funding beyond the reserve, bad amounts and bad currencies change nothing', async () => {
+    const wallet = await newWallet(t);
+    const org = await t.request('GET', '/v1/organization');
+    const over = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '1000000' } });
+    assert.equal(over.status, 422);
+    assert.equal(over.body.error.code, 'org_insufficient_balance');
+    for (const [body, code] of [
+      [{ amount: '0' }, 'invalid_amount'], [{ amount: '-5' }, 'invalid_amount'], [{ amount: '1.0000001' }, 'invalid_amount'],
+      [{ amount: '1e3' }, 'invalid_amount'], [{ amount: ' 1' }, 'invalid_amount'], [{ amount: 5 }, 'invalid_request'],
+      [{ amount: '1', currency: 'USD' }, 'invalid_currency'],
+    ] as const) {
+      const response = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body });
+      assert.equal(response.status, 400, JSON.stringify(body));
+      assert.equal(response.body.error.code, code);
+    }
+    assert.equal((await t.request('POST', '/v1/wallets/wal_missing/fund', { body: { amount: '1' } })).body.error.code, 'wallet_not_found');
+    const viewer = await t.createKey('viewer');
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { key: viewer, body: { amount: '1' } })).status, 403);
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, org.body.reserve.usdc_balance);
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00');
+  });
+
+  test('a funding retried with its idempotency key happens once', async () => {
+    await deposit(t, '10');
+    const wallet = await newWallet(t);
+    const body = { amount: '2', idempotencyKey: `fund-once-${wallet.wallet_id}` };
+    const first = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body });
+    const replay = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body });
+    assert.equal(replay.status, 200);
+    assert.equal(replay.headers['idempotency-replayed'], 'true');
+    assert.deepEqual(replay.body, first.body);
+    const viaHeader = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, {
+      body: { amount: '2' }, headers: { 'idempotency-key': body.idempotencyKey },
+    });
+    assert.equal(viaHeader.body.tx_id, first.body.tx_id);
+    const conflict = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { ...body, amount: '3' } });
+    assert.equal(conflict.status, 409);
+    assert.equal(conflict.body.error.code, 'idempotency_conflict');
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '2.00');
+  });
+
+  test('20 concurrent identical idempotent fundings make one funding', async () => {
+    await deposit(t, '10');
+    const wallet = await newWallet(t);
+    const body = { amount: '1', idempotencyKey: `burst-${wallet.wallet_id}` };
+    const responses = await Promise.all(Array.from({ length: 20 }, () =>
+      t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body })));
+    const ok = responses.filter((r) => r.status === 200);
+    assert.ok(ok.length >= 1, 'at least one request succeeded');
+    assert.deepEqual(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code).filter((c) => c !== 'idempotency_conflict'), []);
+    assert.equal(new Set(ok.map((r) => r.body.tx_id)).size, 1);
+    const rows = await t.service.ctx.db.query('SELECT 1 FROM transactions WHERE wallet_id = $1', [wallet.wallet_id]);
+    assert.equal(rows.length, 1);
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '1.00');
+  });
+
+  test('withdrawal of an amount, of "all", and beyond the balance', async () => {
+    await deposit(t, '20');
+    const wallet = await newWallet(t);
+    await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '12' } });
+    const reserveBefore = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
+    const part = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: '2.5' } });
+    assert.equal(part.status, 200, JSON.stringify(part.body));
+    assert.equal(part.body.withdrawn_amount, '2.50');
+    assert.equal(part.body.usdc_balance, '9.50');
+    assert.equal(part.body.status, 'confirmed');
+    assert.equal(Number(part.body.org_balance), Number(reserveBefore) + 2.5);
+    const over = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: '9.500001' } });
+    assert.equal(over.status, 422);
+    assert.equal(over.body.error.code, 'withdrawal_exceeds_balance');
+    const all = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    assert.equal(all.body.withdrawn_amount, '9.50');
+    assert.equal(all.body.usdc_balance, '0.00');
+    const nothing = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    assert.equal(nothing.body.error.code, 'withdrawal_exceeds_balance');
+    const types = await t.service.ctx.db.query<{ type: string }>('SELECT type FROM transactions WHERE wallet_id = $1 ORDER BY id', [wallet.wallet_id]);
+    assert.deepEqual(types.map((r) => r.type), ['funding', 'withdrawal', 'withdrawal']);
+    const withdrawn = await t.service.ctx.db.query(`SELECT 1 FROM events WHERE type = 'wallet.withdrawn' AND wallet_id = $1`, [wallet.wallet_id]);
+    assert.equal(withdrawn.length, 2);
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('a frozen wallet can still be funded and emptied (money stays inside the organisation)', async () => {
+    await deposit(t, '3');
+    const wallet = await newWallet(t);
+    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { status: 'frozen' } });
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '3' } })).body.status, 'confirmed');
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } })).body.status, 'confirmed');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('batch funding is atomic: all allocations in one chain transaction, or none', async () => {
+    await deposit(t, '50');
+    const wallets = await Promise.all([newWallet(t), newWallet(t), newWallet(t)]);
+    const reserve = async () => (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance as string;
+    const before = await reserve();
+    const tooMuch = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: wallets.map((w) => ({ walletId: w.wallet_id, amount: '1000000' })) },
+    });
+    assert.equal(tooMuch.body.error.code, 'org_insufficient_balance');
+    const oneMissing = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: 'wal_missing', amount: '1' }] },
+    });
+    assert.equal(oneMissing.body.error.code, 'wallet_not_found');
+    const duplicate = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: wallets[0]!.wallet_id, amount: '1' }] },
+    });
+    assert.equal(duplicate.body.error.code, 'invalid_request');
+    const badAmount = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: wallets[1]!.wallet_id, amount: 'x' }] },
+    });
+    assert.equal(badAmount.body.error.code, 'invalid_amount');
+    assert.equal(badAmount.body.error.param, 'allocations.1.amount');
+    const tooMany = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: Array.from({ length: 11 }, () => ({ walletId: wallets[0]!.wallet_id, amount: '1' })) },
+    });
+    assert.equal(tooMany.status, 400);
+    assert.equal(await reserve(), before, 'refused batches moved nothing');
+    for (const wallet of wallets) assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00');
+
+    const batch = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: wallets.map((w, i) => ({ walletId: w.wallet_id, amount: `${i + 1}.5` })) },
+    });
+    assert.equal(batch.status, 200, JSON.stringify(batch.body));
+    assert.equal(batch.body.status, 'confirmed');
+    assert.equal(batch.body.total_amount, '7.50');
+    assert.deepEqual(batch.body.allocations.map((a: { usdc_balance: string }) => a.usdc_balance), ['1.50', '2.50', '3.50']);
+    const signatures = await t.service.ctx.db.query<{ tx_signature: string }>(
+      'SELECT DISTINCT tx_signature FROM transactions WHERE batch_id = $1', [batch.body.batch_id]);
+    assert.equal(signatures.length, 1, 'one chain transaction');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('the largest batch fits in one chain transaction', async () => {
+    await deposit(t, '10');
+    const wallets = [];
+    for (let i = 0; i < 10; i += 1) wallets.push(await newWallet(t));
+    const batch = await t.request('POST', '/v1/wallets/fund-batch', {
+      body: { allocations: wallets.map((w) => ({ walletId: w.wallet_id, amount: '1' })) },
+    });
+    assert.equal(batch.status, 200, JSON.stringify(batch.body));
+    assert.equal(batch.body.status, 'confirmed');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+});
+
+describe('funding under concurrency', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  test('30 concurrent fundings against a reserve that covers exactly 12: exactly 12 succeed', async () => {
+    await deposit(t, '12');
+    const wallets = await Promise.all(Array.from({ length: 5 }, () => newWallet(t)));
+    const responses = await Promise.all(Array.from({ length: 30 }, (_v, i) =>
+      t.request('POST', `/v1/wallets/${wallets[i % 5]!.wallet_id}/fund`, { body: { amount: '1' } })));
+    const ok = responses.filter((r) => r.status === 200);
+    assert.equal(ok.length, 12);
+    assert.deepEqual(new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code)), new Set(['org_insufficient_balance']));
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, '0.00');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('25 concurrent withdrawals of 1 from a balance of 7: exactly 7 succeed, never negative', async () => {
+    await deposit(t, '7');
+    const wallet = await newWallet(t);
+    await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '7' } });
+    const responses = await Promise.all(Array.from({ length: 25 }, () =>
+      t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: '1' } })));
+    assert.equal(responses.filter((r) => r.status === 200).length, 7);
+    assert.deepEqual(new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code)), new Set(['withdrawal_exceeds_balance']));
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+});
+
+describe('crash recovery', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  test('a funding recorded and sent, then abandoned by a crash, is settled by the reconciler', async () => {
+    await deposit(t, '5');
+    const wallet = await newWallet(t);
+    const { ctx } = t.service;
+    const [row] = await ctx.db.query<{ agent_id: string }>('SELECT agent_id FROM wallets WHERE id = $1', [wallet.wallet_id]);
+    // What fundWallets does up to the crash: sign, record pending with the reserve debited, send.
+    const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, 2_000_000n)]);
+    await ctx.db.transaction(async (tx) => {
+      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 2000000 WHERE id = $1', [t.orgId]);
+      await insertTransaction(tx, ctx.clock.nowMs(), {
+        orgId: t.orgId, walletId: wallet.wallet_id, type: 'funding', amount: 2_000_000n, recipient: wallet.chain_address,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight,
+      });
+    });
+    await ctx.chain.submit(prepared);
+    await ctx.chain.waitForOutcome(prepared.signature);
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00', 'not yet settled');
+    assert.equal(await reconcilePending(ctx, 0), 1);
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '2.00');
+    assert.equal(await reconcilePending(ctx, 0), 0, 'settled once');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('a funding recorded but never sent fails once it can no longer land, and the reserve gets it back', async () => {
+    const wallet = await newWallet(t);
+    const { ctx } = t.service;
+    const reserveBefore = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
+    const [row] = await ctx.db.query<{ agent_id: string }>('SELECT agent_id FROM wallets WHERE id = $1', [wallet.wallet_id]);
+    const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, 1_000_000n)]);
+    const expiredHeight = (await ctx.chain.getBlockHeight()) - 1n;
+    const recorded = await ctx.db.transaction(async (tx) => {
+      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 1000000 WHERE id = $1', [t.orgId]);
+      return insertTransaction(tx, ctx.clock.nowMs(), {
+        orgId: t.orgId, walletId: wallet.wallet_id, type: 'funding', amount: 1_000_000n, recipient: wallet.chain_address,
+        signature: prepared.signature, lastValidBlockHeight: expiredHeight,
+      });
+    });
+    assert.equal(await reconcilePending(ctx, 0), 1);
+    const [settled] = await ctx.db.query<{ status: string }>('SELECT status FROM transactions WHERE id = $1', [recorded.id]);
+    assert.equal(settled!.status, 'failed');
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserveBefore);
+    await assertIndexEqualsChainAndConserved(t);
+  });
+});

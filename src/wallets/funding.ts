@@ -1,0 +1,149 @@
+/**
+ * Moving USDC inside an organisation: funding (reserve → vault), batch funding (several vaults,
+ * one chain transaction: all or nothing) and withdrawal (vault → reserve).
+ *
+ * DESIGN §5's flow: the chain transaction is signed first; one database transaction checks,
+ * debits the source in the index and records the move `pending` with that signature; then it
+ * is sent and its outcome settled (src/transactions/settlement.ts). No lock is held across the
+ * chain round trip, and a source can never be overdrawn however many requests race.
+ */
+import type { Instruction } from '@solana/kit';
+import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
+import type { Queryable } from '../db/database.ts';
+import { ServiceError } from '../errors/errors.ts';
+import type { AppContext } from '../http/context.ts';
+import { newId } from '../ids/ids.ts';
+import { formatUsdc } from '../money/money.ts';
+import { awaitSettlement, insertTransaction, type TransactionRow } from '../transactions/settlement.ts';
+import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from './wallets.ts';
+
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
+
+/** How long a request waits for the chain before answering `pending` (the reconciler settles it). */
+export const SETTLEMENT_WAIT_MS = 20_000;
+/**
+ * Fund instructions that fit in one chain transaction (1,232 bytes) with room to spare: a batch
+ * is one transaction so that it is atomic on chain too.
+ */
+export const FUND_BATCH_MAX = 10;
+
+export interface MoveResult {
+  transactions: TransactionRow[];
+  /** settled rows as the chain decided; `pending` when the chain did not answer in time */
+  status: 'confirmed' | 'failed' | 'pending';
+}
+
+async function lockReserve(tx: Queryable, orgId: string): Promise<bigint> {
+  const rows = await tx.query<{ reserve_balance: bigint }>(
+    'SELECT reserve_balance FROM organizations WHERE id = $1 FOR UPDATE', [orgId]);
+  return rows[0]!.reserve_balance;
+}
+
+async function settle(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow[]): Promise<MoveResult> {
+  try {
+    await ctx.chain.submit(prepared);
+  } catch (error) {
+    // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
+    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a transaction failed');
+  }
+  const outcome = await awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS);
+  const ids = recorded.map((row) => row.id);
+  const rows = await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1) ORDER BY id', [ids]);
+  return { transactions: rows, status: outcome === null ? 'pending' : outcome.err ? 'failed' : 'confirmed' };
+}
+
+export interface Allocation {
+  walletId: string;
+  amount: bigint;
+}
+
+/**
+ * Funds one or more vaults of the organisation from its reserve in one chain transaction:
+ * every allocation succeeds or none does.
+ */
+export async function fundWallets(ctx: Ctx, orgId: string, allocations: Allocation[]): Promise<MoveResult> {
+  const seen = new Set<string>();
+  for (const allocation of allocations) {
+    if (seen.has(allocation.walletId)) {
+      throw new ServiceError('invalid_request', `Wallet ${allocation.walletId} appears twice in the allocations.`, { param: 'allocations' });
+    }
+    seen.add(allocation.walletId);
+  }
+  const wallets = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = ANY($2)',
+    [orgId, allocations.map((a) => a.walletId)]);
+  const byId = new Map(wallets.map((w) => [w.id, w]));
+  const nowMs = ctx.clock.nowMs();
+  const txIds = new Map(allocations.map((a) => [a.walletId, newId('tx', nowMs)]));
+  const batchId = allocations.length > 1 ? newId('tx', nowMs).replace(/^tx_/, 'batch_') : null;
+  const instructions: Instruction[] = [referenceMemoIx(batchId ?? txIds.get(allocations[0]!.walletId)!)];
+  for (const allocation of allocations) {
+    const wallet = byId.get(allocation.walletId);
+    if (!wallet) throw walletNotFound(allocation.walletId);
+    assertNotArchived(wallet);
+    instructions.push(await ctx.chain.fundIx(orgId, wallet.agent_id, allocation.amount));
+  }
+  const prepared = await ctx.chain.prepare(instructions);
+  const recorded = await ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const total = allocations.reduce((sum, a) => sum + a.amount, 0n);
+    const reserve = await lockReserve(tx, orgId);
+    if (reserve < total) {
+      throw new ServiceError('org_insufficient_balance',
+        `The reserve holds ${formatUsdc(reserve)} USDC; ${formatUsdc(total)} USDC was asked.`,
+        { available: formatUsdc(reserve), requested: formatUsdc(total) });
+    }
+    const rows: TransactionRow[] = [];
+    for (const allocation of [...allocations].sort((a, b) => a.walletId.localeCompare(b.walletId))) {
+      const wallet = await lockWallet(tx, orgId, allocation.walletId);
+      assertNotArchived(wallet);
+      if (!wallet.provisioned_at) {
+        throw new ServiceError('service_unavailable', `Wallet ${wallet.id} is still being created on chain; retry shortly.`);
+      }
+      rows.push(await insertTransaction(tx, nowMs, {
+        id: txIds.get(wallet.id)!, orgId, walletId: wallet.id, type: 'funding', amount: allocation.amount, recipient: wallet.chain_address,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, batchId,
+      }));
+    }
+    await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - $2 WHERE id = $1', [orgId, total]);
+    return rows;
+  });
+  return settle(ctx, prepared, recorded);
+}
+
+/**
+ * Returns USDC from a vault to the reserve. `amount: 'all'` takes the whole available balance
+ * at the moment the withdrawal is recorded.
+ */
+export async function withdrawFromWallet(ctx: Ctx, orgId: string, walletId: string, amount: bigint | 'all'): Promise<MoveResult> {
+  // The amount must be known to sign; for "all" it is read first and re-checked under the lock
+  // (a payment in between changes it: sign again, a few times at most).
+  for (let attempt = 0; attempt < 5; attempt += 1) {
+    const [wallet] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, walletId]);
+    if (!wallet) throw walletNotFound(walletId);
+    assertNotArchived(wallet);
+    const wanted = amount === 'all' ? wallet.balance : amount;
+    if (wanted === 0n) {
+      throw new ServiceError('withdrawal_exceeds_balance', `Wallet ${walletId} holds 0.00 USDC: nothing to withdraw.`, { wallet_id: walletId });
+    }
+    const txId = newId('tx', ctx.clock.nowMs());
+    const prepared = await ctx.chain.prepare([referenceMemoIx(txId), await ctx.chain.withdrawIx(orgId, wallet.agent_id, wanted)]);
+    const recorded = await ctx.db.transaction(async (tx) => {
+      const locked = await lockWallet(tx, orgId, walletId);
+      assertNotArchived(locked);
+      if (amount === 'all' && locked.balance !== wanted) return null;
+      if (locked.balance < wanted) {
+        throw new ServiceError('withdrawal_exceeds_balance',
+          `Wallet ${walletId} holds ${formatUsdc(locked.balance)} USDC; ${formatUsdc(wanted)} USDC was asked.`,
+          { wallet_id: walletId, available: formatUsdc(locked.balance) });
+      }
+      await tx.query('UPDATE wallets SET balance = balance - $2 WHERE id = $1', [walletId, wanted]);
+      const org = await tx.query<{ reserve_address: string }>('SELECT reserve_address FROM organizations WHERE id = $1', [orgId]);
+      return insertTransaction(tx, ctx.clock.nowMs(), {
+        id: txId, orgId, walletId, type: 'withdrawal', amount: wanted, recipient: org[0]!.reserve_address,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight,
+      });
+    });
+    if (recorded) return settle(ctx, prepared, [recorded]);
+  }
+  throw new ServiceError('service_unavailable', 'The wallet\'s balance kept changing; retry the withdrawal.');
+}

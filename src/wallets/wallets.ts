@@ -1,0 +1,401 @@
+/**
+ * Wallets (vaults): one per agent of an organisation, a program-derived account on chain whose
+ * address follows from (organisation, agent). The database is the service's index; the chain
+ * holds the money and enforces what the program can check alone.
+ *
+ * The database decides first (a freeze is effective for the next request the moment it is
+ * committed); the vault account on chain is then brought to the same state. A wallet whose chain
+ * state has not caught up is `chain_status = 'pending'`, and the `wallets.sync` job finishes it
+ * after a crash or a failed send.
+ */
+import { Type } from 'typebox';
+import { address } from '@solana/kit';
+import type { Queryable } from '../db/database.ts';
+import { ServiceError } from '../errors/errors.ts';
+import { recordEvent } from '../events/events.ts';
+import type { AppContext } from '../http/context.ts';
+import { newId } from '../ids/ids.ts';
+import { formatUsdc } from '../money/money.ts';
+import { newSessionAuthority, tokenMatches } from './session-token.ts';
+import type { Principal } from '../http/auth.ts';
+
+export const WALLET_STATUSES = ['active', 'idle', 'policy_violation', 'frozen', 'unfunded', 'archived'] as const;
+export type WalletStatus = (typeof WALLET_STATUSES)[number];
+/** What is stored; idle, policy_violation and unfunded are derived (docs/wallets.md). */
+type StoredStatus = 'active' | 'frozen' | 'archived';
+
+export const AGENT_ID_PATTERN = '^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$';
+export const TAG_PATTERN = '^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,49}$';
+export const TAGS_MAX = 20;
+export const LABEL_MAX = 200;
+
+export interface WalletRow {
+  id: string;
+  org_id: string;
+  agent_id: string;
+  label: string;
+  policy_id: string;
+  tags: string[];
+  status: StoredStatus;
+  chain_address: string;
+  token_address: string;
+  balance: bigint;
+  chain_status: 'pending' | 'ready';
+  session_public_key: string | null;
+  session_expires_at: Date | null;
+  auto_topup_enabled: boolean;
+  auto_topup_trigger_below: bigint | null;
+  auto_topup_amount: bigint | null;
+  created_at: Date;
+  updated_at: Date;
+  last_transaction_at: Date | null;
+  archived_at: Date | null;
+  provisioned_at: Date | null;
+}
+
+/** A wallet row with its policy's summary columns (for views). */
+export interface WalletWithPolicy extends WalletRow {
+  policy_name: string;
+  policy_max_per_tx: bigint | null;
+  policy_max_per_day: bigint | null;
+  policy_max_per_month: bigint | null;
+}
+
+export const WalletStatusSchema = Type.Union([
+  Type.Literal('active'), Type.Literal('idle'), Type.Literal('policy_violation'), Type.Literal('frozen'),
+  Type.Literal('unfunded'), Type.Literal('archived'),
+]);
+
+const AMOUNT_OR_NULL = Type.Union([Type.String(), Type.Null()]);
+
+export const WalletView = Type.Object({
+  wallet_id: Type.String(),
+  chain_address: Type.String({ description: 'the vault: a program-derived address, no private key' }),
+  token_account: Type.String({ description: 'the vault\'s USDC token account' }),
+  agent_id: Type.String(),
+  label: Type.String(),
+  usdc_balance: Type.String(),
+  policy: Type.Object({
+    policy_id: Type.String(), name: Type.String(),
+    max_per_tx: AMOUNT_OR_NULL, max_per_day: AMOUNT_OR_NULL, max_per_month: AMOUNT_OR_NULL,
+  }),
+  status: WalletStatusSchema,
+  tags: Type.Array(Type.String()),
+  auto_topup: Type.Object({
+    enabled: Type.Boolean(), trigger_below: AMOUNT_OR_NULL, topup_amount: AMOUNT_OR_NULL,
+  }),
+  session_token_expires_at: Type.Union([Type.String(), Type.Null()]),
+  created_at: Type.String(),
+  updated_at: Type.String(),
+  last_transaction_at: Type.Union([Type.String(), Type.Null()]),
+});
+
+const orNull = (value: bigint | null): string | null => (value === null ? null : formatUsdc(value));
+
+export function walletView(row: WalletWithPolicy) {
+  return {
+    wallet_id: row.id,
+    chain_address: row.chain_address,
+    token_account: row.token_address,
+    agent_id: row.agent_id,
+    label: row.label,
+    usdc_balance: formatUsdc(row.balance),
+    policy: {
+      policy_id: row.policy_id, name: row.policy_name,
+      max_per_tx: orNull(row.policy_max_per_tx), max_per_day: orNull(row.policy_max_per_day),
+      max_per_month: orNull(row.policy_max_per_month),
+    },
+    status: row.status as WalletStatus,
+    tags: row.tags,
+    auto_topup: {
+      enabled: row.auto_topup_enabled,
+      trigger_below: orNull(row.auto_topup_trigger_below),
+      topup_amount: orNull(row.auto_topup_amount),
+    },
+    session_token_expires_at: row.session_expires_at?.toISOString() ?? null,
+    created_at: row.created_at.toISOString(),
+    updated_at: row.updated_at.toISOString(),
+    last_transaction_at: row.last_transaction_at?.toISOString() ?? null,
+  };
+}
+
+export const WALLET_SELECT = `SELECT w.*, p.name AS policy_name, p.max_per_tx AS policy_max_per_tx,
+  p.max_per_day AS policy_max_per_day, p.max_per_month AS policy_max_per_month
+  FROM wallets w JOIN policies p ON p.org_id = w.org_id AND p.id = w.policy_id`;
+
+export async function findWallet(q: Queryable, orgId: string, walletId: string): Promise<WalletWithPolicy | null> {
+  const rows = await q.query<WalletWithPolicy>(`${WALLET_SELECT} WHERE w.org_id = $1 AND w.id = $2`, [orgId, walletId]);
+  return rows[0] ?? null;
+}
+
+export async function getWallet(q: Queryable, orgId: string, walletId: string): Promise<WalletWithPolicy> {
+  const wallet = await findWallet(q, orgId, walletId);
+  if (!wallet) throw walletNotFound(walletId);
+  return wallet;
+}
+
+export function walletNotFound(walletId: string): ServiceError {
+  return new ServiceError('wallet_not_found', `No wallet ${walletId} in your organisation.`, { param: 'wallet_id' });
+}
+
+/** Locks the wallet row for the rest of the database transaction. */
+export async function lockWallet(tx: Queryable, orgId: string, walletId: string): Promise<WalletRow> {
+  const rows = await tx.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2 FOR UPDATE', [orgId, walletId]);
+  if (!rows[0]) throw walletNotFound(walletId);
+  return rows[0];
+}
+
+export function assertNotArchived(wallet: Pick<WalletRow, 'id' | 'status'>): void {
+  if (wallet.status === 'archived') {
+    throw new ServiceError('wallet_archived', `Wallet ${wallet.id} is archived: it only answers reads.`, { wallet_id: wallet.id });
+  }
+}
+
+async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string): Promise<void> {
+  const rows = await q.query('SELECT 1 FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL', [orgId, policyId]);
+  if (!rows.length) {
+    throw new ServiceError('policy_not_found', `No policy ${policyId} in your organisation.`, { param: 'policy_id' });
+  }
+}
+
+/**
+ * An `agent` key acts on one vault only, the one whose session token it presents
+ * (`Session-Token` header). Other roles are not asked for one.
+ */
+export function assertVaultAccess(principal: Principal, wallet: WalletRow, sessionToken: string | undefined, nowMs: number): void {
+  if (principal.role !== 'agent') return;
+  if (!sessionToken || !tokenMatches(sessionToken, wallet.session_public_key)) {
+    throw new ServiceError('session_token_invalid', 'Send this wallet\'s session token in the Session-Token header.');
+  }
+  if (!wallet.session_expires_at || wallet.session_expires_at.getTime() <= nowMs) {
+    throw new ServiceError('session_token_expired', 'This wallet\'s session token has expired: rotate it.');
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create
+
+export interface CreateWalletInput {
+  agentId: string;
+  label: string;
+  policyId: string;
+  tags: string[];
+}
+
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
+
+export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletInput): Promise<WalletWithPolicy> {
+  const nowMs = ctx.clock.nowMs();
+  const tags = normaliseTags(input.tags);
+  const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, input.agentId);
+  const walletId = await ctx.db.transaction(async (tx) => {
+    await assertPolicyUsable(tx, orgId, input.policyId);
+    const inserted = await tx.query<{ id: string }>(
+      `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, created_at, updated_at)
+       VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9, $9) ON CONFLICT (org_id, agent_id) DO NOTHING RETURNING id`,
+      [newId('wal', nowMs), orgId, input.agentId, input.label, input.policyId, tags, vault, vaultToken, new Date(nowMs)]);
+    if (inserted[0]) return inserted[0].id;
+    const existing = await tx.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
+    const row = existing[0]!;
+    // A creation interrupted before its vault existed on chain is resumed by the same request.
+    const sameRequest = row.provisioned_at === null && row.label === input.label && row.policy_id === input.policyId
+      && row.tags.join(',') === tags.join(',');
+    if (!sameRequest) {
+      throw new ServiceError('wallet_agent_id_conflict',
+        `Agent ${input.agentId} already has a wallet (${row.id}); agent ids are never reused.`, { param: 'agent_id' });
+    }
+    return row.id;
+  });
+  try {
+    await syncWalletToChain(ctx, orgId, walletId);
+  } catch (error) {
+    ctx.log.warn({ err: error, walletId }, 'vault provisioning did not finish; wallets.sync will retry');
+    throw new ServiceError('service_unavailable',
+      'The vault could not be created on chain yet; retry the same request (it resumes) or wait for it to appear.');
+  }
+  return getWallet(ctx.db, orgId, walletId);
+}
+
+export function normaliseTags(tags: string[]): string[] {
+  return [...new Set(tags)].sort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The chain catches up with the database
+
+/**
+ * Brings the vault account on chain to the wallet's state: created when missing; the attached
+ * policy; frozen when the wallet is frozen or archived. Marks the wallet `ready` only if nothing
+ * changed in the database meanwhile (otherwise the next pass picks the change up).
+ */
+export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<void> {
+  const [wallet] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, walletId]);
+  if (!wallet) return;
+  let vault = await ctx.chain.getVault(address(wallet.chain_address));
+  if (!vault) {
+    const created = await ctx.chain.execute([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
+    if (created.err) throw new Error(`creating vault ${wallet.chain_address} failed: ${created.err.name}`);
+    vault = await ctx.chain.getVault(address(wallet.chain_address));
+    if (!vault) throw new Error(`vault ${wallet.chain_address} missing after creation`);
+  }
+  const wantFrozen = wallet.status !== 'active';
+  const wantPolicy = await ctx.chain.policyAddress(orgId, wallet.policy_id);
+  const instructions = [];
+  if (vault.policy !== wantPolicy) instructions.push(await ctx.chain.attachPolicyIx(orgId, wallet.agent_id, wallet.policy_id));
+  if (vault.frozen !== wantFrozen) instructions.push(await ctx.chain.setFrozenIx(orgId, wallet.agent_id, wantFrozen));
+  if (instructions.length) {
+    const outcome = await ctx.chain.execute(instructions);
+    if (outcome.err) throw new Error(`updating vault ${wallet.chain_address} failed: ${outcome.err.name}`);
+  }
+  await ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const [current] = await tx.query<WalletRow>('SELECT * FROM wallets WHERE id = $1 FOR UPDATE', [walletId]);
+    if (!current) return;
+    if (current.provisioned_at === null) {
+      await tx.query('UPDATE wallets SET provisioned_at = $2 WHERE id = $1', [walletId, new Date(nowMs)]);
+      await recordEvent(tx, nowMs, {
+        orgId, type: 'wallet.created', walletId,
+        summary: `Wallet created for agent ${current.agent_id}`,
+        payload: { wallet_id: walletId, agent_id: current.agent_id, chain_address: current.chain_address, label: current.label,
+          policy_id: current.policy_id },
+      });
+    }
+    if (current.updated_at.getTime() === wallet.updated_at.getTime()) {
+      await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
+    }
+  });
+}
+
+const SYNC_BATCH_MAX = 50;
+
+/** The `wallets.sync` job: every wallet whose chain state lags, a bounded batch per run. */
+export async function syncPendingWallets(ctx: Ctx): Promise<number> {
+  const pending = await ctx.db.query<{ id: string; org_id: string }>(
+    `SELECT id, org_id FROM wallets WHERE chain_status = 'pending' ORDER BY updated_at LIMIT ${SYNC_BATCH_MAX}`);
+  let synced = 0;
+  for (const wallet of pending) {
+    try {
+      await syncWalletToChain(ctx, wallet.org_id, wallet.id);
+      synced += 1;
+    } catch (error) {
+      ctx.log.warn({ err: error, walletId: wallet.id }, 'wallet chain sync failed; retrying on the next run');
+    }
+  }
+  return synced;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Update, archive
+
+export interface UpdateWalletInput {
+  label?: string;
+  policyId?: string;
+  tags?: string[];
+  status?: 'active' | 'frozen';
+}
+
+export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, input: UpdateWalletInput): Promise<WalletWithPolicy> {
+  const nowMs = ctx.clock.nowMs();
+  const chainChanged = await ctx.db.transaction(async (tx) => {
+    const wallet = await lockWallet(tx, orgId, walletId);
+    assertNotArchived(wallet);
+    if (input.policyId !== undefined && input.policyId !== wallet.policy_id) await assertPolicyUsable(tx, orgId, input.policyId);
+    const next = {
+      label: input.label ?? wallet.label,
+      policyId: input.policyId ?? wallet.policy_id,
+      tags: input.tags === undefined ? wallet.tags : normaliseTags(input.tags),
+      status: input.status ?? wallet.status,
+    };
+    const chainChange = next.policyId !== wallet.policy_id || next.status !== wallet.status;
+    await tx.query(
+      `UPDATE wallets SET label = $2, policy_id = $3, tags = $4, status = $5, updated_at = $6,
+         chain_status = CASE WHEN $7::boolean THEN 'pending' ELSE chain_status END
+       WHERE id = $1`,
+      [walletId, next.label, next.policyId, next.tags, next.status, new Date(nowMs), chainChange]);
+    if (next.status !== wallet.status) {
+      const frozen = next.status === 'frozen';
+      await recordEvent(tx, nowMs, {
+        orgId, type: frozen ? 'wallet.frozen' : 'wallet.unfrozen', walletId,
+        summary: frozen ? `Wallet ${wallet.label} frozen by an operator` : `Wallet ${wallet.label} unfrozen`,
+        payload: { wallet_id: walletId, agent_id: wallet.agent_id, reason: 'manual' },
+      });
+    }
+    return chainChange;
+  });
+  if (chainChanged) await syncQuietly(ctx, orgId, walletId);
+  return getWallet(ctx.db, orgId, walletId);
+}
+
+/** The database already decided; a chain hiccup is finished by the wallets.sync job. */
+async function syncQuietly(ctx: Ctx, orgId: string, walletId: string): Promise<void> {
+  try {
+    await syncWalletToChain(ctx, orgId, walletId);
+  } catch (error) {
+    ctx.log.warn({ err: error, walletId }, 'vault update on chain did not finish; wallets.sync will retry');
+  }
+}
+
+/** Archives a wallet with a zero balance and nothing in flight; the vault is frozen on chain. */
+export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): Promise<WalletWithPolicy> {
+  const nowMs = ctx.clock.nowMs();
+  await ctx.db.transaction(async (tx) => {
+    const wallet = await lockWallet(tx, orgId, walletId);
+    assertNotArchived(wallet);
+    const pending = await tx.query(`SELECT 1 FROM transactions WHERE wallet_id = $1 AND status = 'pending' LIMIT 1`, [walletId]);
+    if (wallet.balance !== 0n || pending.length) {
+      throw new ServiceError('wallet_balance_not_zero',
+        pending.length ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
+          : `Wallet ${walletId} holds ${formatUsdc(wallet.balance)} USDC: withdraw it first (amount "all").`,
+        { wallet_id: walletId });
+    }
+    await tx.query(
+      `UPDATE wallets SET status = 'archived', archived_at = $2, updated_at = $2, chain_status = 'pending',
+         session_public_key = NULL, session_expires_at = NULL, auto_topup_enabled = FALSE WHERE id = $1`,
+      [walletId, new Date(nowMs)]);
+    await recordEvent(tx, nowMs, {
+      orgId, type: 'wallet.archived', walletId,
+      summary: `Wallet ${wallet.label} archived`,
+      payload: { wallet_id: walletId, agent_id: wallet.agent_id, chain_address: wallet.chain_address },
+    });
+  });
+  await syncQuietly(ctx, orgId, walletId);
+  return getWallet(ctx.db, orgId, walletId);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session authority, auto-topup
+
+export async function rotateSessionToken(
+  ctx: Ctx, orgId: string, walletId: string, ttlSeconds: number,
+): Promise<{ wallet_id: string; session_token: string; expires_at: string }> {
+  const nowMs = ctx.clock.nowMs();
+  const authority = newSessionAuthority();
+  const expiresAt = new Date(nowMs + ttlSeconds * 1000);
+  await ctx.db.transaction(async (tx) => {
+    const wallet = await lockWallet(tx, orgId, walletId);
+    assertNotArchived(wallet);
+    // The previous token stops working with this commit: only the new public key is kept.
+    await tx.query('UPDATE wallets SET session_public_key = $2, session_expires_at = $3, updated_at = $4 WHERE id = $1',
+      [walletId, authority.publicKey, expiresAt, new Date(nowMs)]);
+  });
+  return { wallet_id: walletId, session_token: authority.token, expires_at: expiresAt.toISOString() };
+}
+
+export interface AutoTopupInput {
+  enabled: boolean;
+  triggerBelow: bigint | null;
+  topupAmount: bigint | null;
+}
+
+export async function setAutoTopup(ctx: Ctx, orgId: string, walletId: string, input: AutoTopupInput): Promise<WalletWithPolicy> {
+  const nowMs = ctx.clock.nowMs();
+  await ctx.db.transaction(async (tx) => {
+    const wallet = await lockWallet(tx, orgId, walletId);
+    assertNotArchived(wallet);
+    await tx.query(
+      `UPDATE wallets SET auto_topup_enabled = $2, auto_topup_trigger_below = $3, auto_topup_amount = $4, updated_at = $5
+       WHERE id = $1`,
+      [walletId, input.enabled, input.triggerBelow, input.topupAmount, new Date(nowMs)]);
+  });
+  return getWallet(ctx.db, orgId, walletId);
+}
