@@ -115,3 +115,47 @@ describe('test helpers against a real cluster', () => {
     }
   });
 });
+
+describe('request conventions', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService({ env: { AGENT_VAULT_RATE_LIMIT_PER_MINUTE: '5' } }); });
+  after(async () => { await t.close(); });
+
+  test('each API key has its own rate limit; over it: 429 rate_limited with Retry-After', async () => {
+    const viewer = await t.createKey('viewer');
+    const statuses = [];
+    for (let i = 0; i < 6; i += 1) statuses.push((await t.request('GET', '/v1/organization', { key: viewer })).status);
+    assert.deepEqual(statuses, [200, 200, 200, 200, 200, 429]);
+    const limited = await t.request('GET', '/v1/organization', { key: viewer });
+    assert.equal(limited.body.error.code, 'rate_limited');
+    assert.ok(Number(limited.headers['retry-after']) > 0, 'Retry-After names the seconds to wait');
+    assert.equal(limited.body.error.request_id, limited.headers['request-id']);
+    const other = await t.createKey('viewer');
+    assert.equal((await t.request('GET', '/v1/organization', { key: other })).status, 200, 'another key is not limited');
+    assert.equal((await t.request('GET', '/healthz', { key: null })).status, 200, 'health checks are never limited');
+  });
+
+  test('malformed JSON, a wrong content type and an oversized body are 400 invalid_request', async () => {
+    const key = await t.createKey('admin');
+    const malformed = await t.request('POST', '/v1/wallets', { key, body: '{"agentId": ', headers: { 'content-type': 'application/json' } });
+    assert.equal(malformed.status, 400);
+    assert.equal(malformed.body.error.code, 'invalid_request');
+    assert.equal(malformed.body.error.param, 'body');
+    const text = await t.request('POST', '/v1/wallets', { key, body: 'agentId=x', headers: { 'content-type': 'text/plain' } });
+    assert.equal(text.status, 400);
+    assert.equal(text.body.error.code, 'invalid_request');
+    const big = await t.request('POST', '/v1/wallets', {
+      key: await t.createKey('admin'), body: { agentId: 'a', label: 'x'.repeat(70_000), policyId: 'pol_moderate' },
+    });
+    assert.equal(big.status, 400);
+    assert.match(big.body.error.message, /larger than/);
+  });
+
+  test('both spellings of one field in one body are ambiguous and refused', async () => {
+    const response = await t.request('POST', '/v1/wallets', {
+      key: await t.createKey('admin'), body: { agentId: 'a1', agent_id: 'a2', label: 'x', policyId: 'pol_moderate' },
+    });
+    assert.equal(response.status, 400);
+    assert.equal(response.body.error.code, 'invalid_request');
+  });
+});
