@@ -9,7 +9,7 @@ export type Role = (typeof ROLES)[number];
 
 /**
  * - `read`: everything of the organisation, read only
- * - `write`: change wallets, policies, funding, recipients, webhooks, exports
+ * - `write`: change wallets, policies, funding, recipients, webhooks
  * - `api_keys`: create, list and revoke API keys
  * - `pay`: pay and open escrows (an agent key only from a vault whose session token it shows)
  * - `vault_read`: read one vault and its transactions (an agent key: with that vault's token)
@@ -50,8 +50,13 @@ export function hashApiKey(key: string): string {
 }
 
 /** What identifies a key in lists without revealing it. */
+/**
+ * What lists show of a key: its role part and 4 more characters (`av_admin_x7Kq`), never more
+ * than 16 characters and always at least 16 hidden — a bootstrap key of any shape stays secret.
+ */
 export function describeKey(key: string): { prefix: string; last4: string } {
-  return { prefix: key.slice(0, key.lastIndexOf('_') + 5), last4: key.slice(-4) };
+  const end = Math.min(key.lastIndexOf('_') + 5, 16, Math.max(0, key.length - 16));
+  return { prefix: key.slice(0, end), last4: key.slice(-4) };
 }
 
 /** Constant-time comparison of two hex digests of equal length. */

@@ -29,8 +29,16 @@ test('a bad value stops start-up with a message naming the variable', () => {
     [{ LOG_LEVEL: 'loud' }, /^LOG_LEVEL/],
     [{ AGENT_VAULT_PROGRAM_ID: 'not-an-address!' }, /^AGENT_VAULT_PROGRAM_ID/],
     [{ AGENT_VAULT_BOOTSTRAP_KEY: 'short' }, /^AGENT_VAULT_BOOTSTRAP_KEY/],
+    [{ AGENT_VAULT_BOOTSTRAP_KEY: 'abcdefghij+klmnopqrstuvwxyz/0123=' }, /^AGENT_VAULT_BOOTSTRAP_KEY: must be at most 256/],
   ];
   for (const [env, message] of cases) {
     assert.throws(() => loadConfig(env), (error: unknown) => error instanceof ConfigError && message.test(error.message));
   }
+});
+
+test('error docs links point at this process\'s own reference unless AGENT_VAULT_DOCS_URL says otherwise', () => {
+  assert.equal(loadConfig({}).docsUrl, 'http://127.0.0.1:8080/docs');
+  assert.equal(loadConfig({ PORT: '3917' }).docsUrl, 'http://127.0.0.1:3917/docs');
+  assert.equal(loadConfig({ HOST: '0.0.0.0', PORT: '9000' }).docsUrl, 'http://127.0.0.1:9000/docs');
+  assert.equal(loadConfig({ AGENT_VAULT_DOCS_URL: 'https://docs.example.com/' }).docsUrl, 'https://docs.example.com');
 });

@@ -2,6 +2,7 @@
  * Configuration, read from the environment in exactly this one place and validated once at
  * start: a bad value stops start-up with a message naming the variable.
  */
+import { looksLikeApiKey } from '../auth/api-keys.ts';
 import { resolve } from 'node:path';
 
 export interface Config {
@@ -95,11 +96,16 @@ export function loadConfig(env: Env = process.env): Config {
   if (bootstrapKey !== null && bootstrapKey.length < 24) {
     throw new ConfigError('AGENT_VAULT_BOOTSTRAP_KEY', 'must be at least 24 characters');
   }
+  if (bootstrapKey !== null && !looksLikeApiKey(bootstrapKey)) {
+    throw new ConfigError('AGENT_VAULT_BOOTSTRAP_KEY', 'must be at most 256 characters of A-Z, a-z, 0-9, "_", "." and "-"');
+  }
   const programId = base58Address(env, 'AGENT_VAULT_PROGRAM_ID');
   const usdcMint = base58Address(env, 'AGENT_VAULT_USDC_MINT');
+  const port = integer(env, 'PORT', 8080, 0, 65535);
+  const host = text(env, 'HOST') ?? '127.0.0.1';
   return {
-    port: integer(env, 'PORT', 8080, 0, 65535),
-    host: text(env, 'HOST') ?? '127.0.0.1',
+    port,
+    host,
     databaseUrl: url(env, 'DATABASE_URL', ['postgres:', 'postgresql:']),
     dataDir: resolve(text(env, 'AGENT_VAULT_DATA_DIR') ?? './data'),
     bootstrapKey,
@@ -107,7 +113,9 @@ export function loadConfig(env: Env = process.env): Config {
     slotMs: integer(env, 'AGENT_VAULT_SLOT_MS', 400, 0, 60_000),
     testHelpers: flag(env, 'AGENT_VAULT_TEST_HELPERS', rpcUrl === null),
     allowPrivateWebhooks: flag(env, 'AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS', false),
-    docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:']) ?? 'http://127.0.0.1:8080/docs').replace(/\/$/, ''),
+    // By default the reference this process serves itself (a wildcard host is reached on loopback).
+    docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:'])
+      ?? `http://${host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host.includes(':') ? `[${host}]` : host}:${port}/docs`).replace(/\/$/, ''),
     logLevel: logLevel as Config['logLevel'],
     rateLimitPerMinute: integer(env, 'AGENT_VAULT_RATE_LIMIT_PER_MINUTE', 1200, 1, 1_000_000),
     operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),

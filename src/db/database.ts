@@ -4,6 +4,7 @@
  *
  * BIGINT comes back as bigint from both drivers (money is never a JS number).
  */
+import { createHash } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { PGlite } from '@electric-sql/pglite';
@@ -32,6 +33,21 @@ const POOL_MAX = 10;
 
 const bigintParser = (value: string): bigint => BigInt(value);
 
+/**
+ * A statement with parameters runs as a named prepared statement: PostgreSQL parses and plans
+ * it once per connection instead of on every call (the service's statements are a fixed set).
+ */
+const statementNames = new Map<string, string>();
+function prepared(sql: string, params: readonly unknown[]): pg.QueryConfig {
+  if (params.length === 0) return { text: sql };
+  let name = statementNames.get(sql);
+  if (name === undefined) {
+    name = `av_${createHash('sha1').update(sql).digest('hex').slice(0, 20)}`;
+    if (statementNames.size < 10_000) statementNames.set(sql, name);
+  }
+  return { name, text: sql, values: params as unknown[] };
+}
+
 class PostgresDatabase implements Database {
   readonly kind = 'postgres';
   readonly #pool: pg.Pool;
@@ -51,7 +67,7 @@ class PostgresDatabase implements Database {
   }
 
   async query<Row>(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
-    const result = await this.#pool.query(sql, params as unknown[]);
+    const result = await this.#pool.query(prepared(sql, params));
     return result.rows as Row[];
   }
 
@@ -63,7 +79,7 @@ class PostgresDatabase implements Database {
     const client = await this.#pool.connect();
     const tx: Queryable = {
       query: async <Row>(sql: string, params: readonly unknown[] = []) =>
-        (await client.query(sql, params as unknown[])).rows as Row[],
+        (await client.query(prepared(sql, params))).rows as Row[],
       exec: async (sql: string) => { await client.query(sql); },
     };
     try {

@@ -9,19 +9,31 @@ export const EVENT_TYPES = [
   'transaction.completed', 'transaction.blocked', 'transaction.pending', 'transaction.failed',
   'wallet.created', 'wallet.funded', 'wallet.withdrawn', 'wallet.frozen', 'wallet.unfrozen', 'wallet.archived',
   'balance.low', 'policy.created', 'policy.updated', 'policy.deleted', 'policy.expired',
-  'escrow.created', 'escrow.completed', 'escrow.released', 'escrow.refunded', 'escrow.disputed',
-  'org.deposit_confirmed', 'export.ready',
+  'escrow.created', 'escrow.completed', 'escrow.released', 'escrow.refunded', 'escrow.disputed', 'escrow.resolved',
+  'org.deposit_confirmed', 'export.ready', 'alert.raised',
 ] as const;
 export type EventType = (typeof EVENT_TYPES)[number];
+
+/** Events are kept this long (SPEC: 90 days), then the `events.retention` job deletes them. */
+export const EVENT_RETENTION_MS = 90 * 24 * 3600 * 1000;
+const RETENTION_BATCH = 5_000;
+
+/** Deletes a bounded batch of events older than the retention; returns how many. */
+export async function deleteExpiredEvents(q: Queryable, nowMs: number): Promise<number> {
+  const rows = await q.query(
+    `DELETE FROM events WHERE id IN (SELECT id FROM events WHERE created_at < $1 LIMIT ${RETENTION_BATCH}) RETURNING id`,
+    [new Date(nowMs - EVENT_RETENTION_MS)]);
+  return rows.length;
+}
 export type Severity = 'info' | 'warning' | 'critical';
 
 const WARNING: ReadonlySet<EventType> = new Set<EventType>([
-  'balance.low', 'transaction.blocked', 'escrow.disputed', 'policy.expired', 'transaction.failed',
+  'balance.low', 'transaction.blocked', 'escrow.disputed', 'policy.expired', 'transaction.failed', 'alert.raised',
 ]);
 
 /** SPEC.md's severities; `critical` for a manual freeze and a refund decided by dispute. */
 export function severityOf(type: EventType, payload: Record<string, unknown>): Severity {
-  if (type === 'wallet.frozen' && payload.reason !== 'policy_expired') return 'critical';
+  if (type === 'wallet.frozen') return payload.reason === 'policy_expired' ? 'warning' : 'critical';
   if (type === 'escrow.refunded' && payload.after_dispute === true) return 'critical';
   return WARNING.has(type) ? 'warning' : 'info';
 }

@@ -78,6 +78,10 @@ describe('test helpers', () => {
     assert.equal(org.body.reserve.usdc_balance, '250.50');
     const onChain = await t.service.ctx.chain.getTokenBalance(org.body.reserve.token_account);
     assert.equal(onChain, 250_500_000n, 'the index equals the chain');
+    const [first, second] = await Promise.all([1, 2].map(() =>
+      t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '1' } })));
+    assert.notEqual(first!.body.tx_signature, second!.body.tx_signature, 'two identical deposits are two transactions');
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, '252.50');
     const bad = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '-1' } });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.code, 'invalid_amount');
@@ -110,6 +114,8 @@ describe('test helpers against a real cluster', () => {
       const response = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '1' } });
       assert.equal(response.status, 404);
       assert.equal(response.body.error.code, 'not_found');
+      const anonymous = await t.request('POST', '/v1/test_helpers/clock/advance', { key: null, body: { bad: true } });
+      assert.equal(anonymous.status, 404, 'not 401 or 400: the route does not exist');
     } finally {
       await t.close();
     }

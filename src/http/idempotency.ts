@@ -6,11 +6,13 @@
  *
  * The key row is claimed (INSERT … ON CONFLICT DO NOTHING) before any work, so concurrent
  * identical requests run the work once. Outcomes that a retry could change — 5xx, 429 — are not
- * kept: the key is released so the client can retry it.
+ * kept. A running key is leased; the work names what it records on the key in the same
+ * database transaction, so a retry after a crash answers with that record instead of running
+ * the work twice.
  */
 import { createHash } from 'node:crypto';
 import type { FastifyReply } from 'fastify';
-import type { Database } from '../db/database.ts';
+import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 
 export const IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000;
@@ -51,61 +53,123 @@ export function idempotencyKeyOf(headerValue: unknown, bodyValue: unknown): stri
   return key;
 }
 
+/**
+ * Names, inside the database transaction that records it, what the first request created, so
+ * a retry whose first request never answered (a crash, a lost reply) answers with it.
+ */
+export type RecordMarker = (tx: Queryable, resourceId: string) => Promise<void>;
+
+export interface IdempotentOperation {
+  orgId: string;
+  key: string | null;
+  operation: string;
+  params: unknown;
+  nowMs: number;
+  /** The answer for a resource the first request recorded but did not answer with. */
+  recover?: (resourceId: string) => Promise<{ status: number; body: unknown }>;
+}
+
+/** How long a running first request holds its key; longer than any request runs (≤ ~25 s). */
+export const IDEMPOTENCY_LEASE_MS = 60_000;
+
+type Claim =
+  | { mode: 'run' }
+  | { mode: 'recover'; resourceId: string }
+  | { mode: 'replay'; status: number; body: unknown }
+  | { mode: 'conflict'; message: string };
+
+interface KeyRow {
+  request_hash: string;
+  state: string;
+  response_status: number | null;
+  response_body: unknown;
+  lease_until: Date | null;
+  resource_id: string | null;
+}
+
+async function claimKey(db: Database, op: IdempotentOperation & { key: string }, hash: string): Promise<Claim> {
+  const now = new Date(op.nowMs);
+  const leaseUntil = new Date(op.nowMs + IDEMPOTENCY_LEASE_MS);
+  return db.transaction(async (tx) => {
+    // An expired key is forgotten first, so it can be used again.
+    await tx.query('DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2 AND expires_at <= $3', [op.orgId, op.key, now]);
+    const inserted = await tx.query(
+      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until)
+       VALUES ($1, $2, $3, 'running', $4, $5, $6) ON CONFLICT (org_id, key) DO NOTHING RETURNING key`,
+      [op.orgId, op.key, hash, now, new Date(op.nowMs + IDEMPOTENCY_TTL_MS), leaseUntil]);
+    if (inserted.length) return { mode: 'run' };
+    const [row] = await tx.query<KeyRow>(
+      `SELECT request_hash, state, response_status, response_body, lease_until, resource_id
+       FROM idempotency_keys WHERE org_id = $1 AND key = $2 FOR UPDATE`, [op.orgId, op.key]);
+    if (!row) return { mode: 'conflict', message: 'A request with this idempotency key is still being processed; retry shortly.' };
+    if (row.request_hash !== hash) return { mode: 'conflict', message: 'This idempotency key was already used with other parameters.' };
+    if (row.state === 'done' && row.response_status !== null) {
+      return { mode: 'replay', status: row.response_status, body: row.response_body };
+    }
+    if (row.lease_until !== null && row.lease_until.getTime() > op.nowMs) {
+      return { mode: 'conflict', message: 'A request with this idempotency key is still being processed; retry shortly.' };
+    }
+    // The first request stopped without answering: this one takes the key over.
+    await tx.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2', [op.orgId, op.key, leaseUntil]);
+    if (row.resource_id === null) return { mode: 'run' };
+    if (!op.recover) return { mode: 'conflict', message: 'The first request with this idempotency key did not finish; use a new key.' };
+    return { mode: 'recover', resourceId: row.resource_id };
+  });
+}
+
+/**
+ * Runs `work` once per key. A replay answers the first answer; a key whose first request is
+ * running is a conflict; one whose first request stopped without answering (its lease ran out)
+ * is taken over: it answers with what that request recorded, or runs again when it recorded
+ * nothing — which `mark` makes certain, since it is written with the record.
+ */
 export async function runIdempotent(
   db: Database,
-  options: { orgId: string; key: string | null; operation: string; params: unknown; nowMs: number },
-  work: () => Promise<{ status: number; body: unknown }>,
+  op: IdempotentOperation,
+  work: (mark: RecordMarker) => Promise<{ status: number; body: unknown }>,
 ): Promise<IdempotentResponse> {
-  if (options.key === null) return { ...(await work()), replayed: false };
-  const hash = requestHash(options.operation, options.params);
-  const now = new Date(options.nowMs);
-
-  const claimed = await db.transaction(async (tx) => {
-    // An expired key is forgotten first, so it can be used again.
-    await tx.query('DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2 AND expires_at <= $3',
-      [options.orgId, options.key, now]);
-    const inserted = await tx.query(
-      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at)
-       VALUES ($1, $2, $3, 'running', $4, $5) ON CONFLICT (org_id, key) DO NOTHING RETURNING key`,
-      [options.orgId, options.key, hash, now, new Date(options.nowMs + IDEMPOTENCY_TTL_MS)]);
-    if (inserted.length) return null;
-    const rows = await tx.query<{ request_hash: string; state: string; response_status: number | null; response_body: unknown }>(
-      'SELECT request_hash, state, response_status, response_body FROM idempotency_keys WHERE org_id = $1 AND key = $2',
-      [options.orgId, options.key]);
-    return rows[0] ?? { request_hash: '', state: 'running', response_status: null, response_body: null };
-  });
-
-  if (claimed) {
-    if (claimed.request_hash !== hash) {
-      throw new ServiceError('idempotency_conflict', 'This idempotency key was already used with other parameters.');
-    }
-    if (claimed.state !== 'done' || claimed.response_status === null) {
-      throw new ServiceError('idempotency_conflict', 'A request with this idempotency key is still being processed; retry shortly.');
-    }
-    if (claimed.response_status >= 400) {
+  if (op.key === null) return { ...(await work(async () => {})), replayed: false };
+  const key = op.key;
+  const claim = await claimKey(db, { ...op, key }, requestHash(op.operation, op.params));
+  if (claim.mode === 'conflict') throw new ServiceError('idempotency_conflict', claim.message);
+  if (claim.mode === 'replay') {
+    if (claim.status >= 400) {
       // A refused first request is refused again, the same way, marked as a replay.
-      const { code, message, ...details } = (claimed.response_body as { error: Record<string, unknown> }).error;
+      const { code, message, ...details } = (claim.body as { error: Record<string, unknown> }).error;
       const replay = new ServiceError(code as ErrorCode, String(message), details);
       replay.replayed = true;
       throw replay;
     }
-    return { status: claimed.response_status, body: claimed.response_body, replayed: true };
+    return { status: claim.status, body: claim.body, replayed: true };
   }
 
+  const mark: RecordMarker = async (tx, resourceId) => {
+    await tx.query('UPDATE idempotency_keys SET resource_id = $3 WHERE org_id = $1 AND key = $2', [op.orgId, key, resourceId]);
+  };
   let outcome: { status: number; body: unknown };
   try {
-    outcome = await work();
+    outcome = claim.mode === 'recover' ? await op.recover!(claim.resourceId) : await work(mark);
   } catch (error) {
     if (error instanceof ServiceError && error.status < 500 && error.status !== 429) {
       outcome = { status: error.status, body: { error: { code: error.code, message: error.message, ...error.details } } };
-      await finish(db, options.orgId, options.key, outcome);
+      await finish(db, op.orgId, key, outcome);
       throw error;
     }
-    await db.query('DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2', [options.orgId, options.key]);
+    // An answer a retry may change (5xx, 429): the lease ends now, so the retry takes the key
+    // over at once and answers with what was recorded, or runs again if nothing was.
+    await db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2', [op.orgId, key, new Date(op.nowMs)]);
     throw error;
   }
-  await finish(db, options.orgId, options.key, outcome);
+  await finish(db, op.orgId, key, outcome);
   return { ...outcome, replayed: false };
+}
+
+/** The `idempotency.purge` job: keys past their 24 hours are deleted, a bounded batch per run. */
+export async function purgeExpiredKeys(db: Database, nowMs: number, batch = 1_000): Promise<number> {
+  const rows = await db.query(
+    `DELETE FROM idempotency_keys WHERE (org_id, key) IN (
+       SELECT org_id, key FROM idempotency_keys WHERE expires_at <= $1 LIMIT ${batch}) RETURNING key`, [new Date(nowMs)]);
+  return rows.length;
 }
 
 async function finish(db: Database, orgId: string, key: string, outcome: { status: number; body: unknown }): Promise<void> {

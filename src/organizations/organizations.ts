@@ -5,6 +5,8 @@
 import type { AppContext } from '../http/context.ts';
 import type { Queryable } from '../db/database.ts';
 import { generateApiKey, hashApiKey, describeKey, type Role } from '../auth/api-keys.ts';
+import { invalidRequest } from '../errors/errors.ts';
+import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
 
@@ -116,4 +118,27 @@ export async function bootstrapOrganizations(
   }
   const { org, adminKey } = await createOrganization(ctx, { name: 'Default organization', isDefault: true, adminKey: bootstrapKey ?? undefined });
   return { created: true, orgId: org.id, adminKey: bootstrapKey ? null : adminKey.key };
+}
+
+export const ORGANIZATION_NAME_MAX = 100;
+/** At least one visible character and no control characters (names are printed in tables). */
+const ORGANIZATION_NAME = /^(?=.*\S)[^\u0000-\u001f\u007f]+$/u;
+
+export function assertOrganizationName(name: string): void {
+  if (name.length > ORGANIZATION_NAME_MAX || !ORGANIZATION_NAME.test(name)) {
+    throw invalidRequest('name', `name must be 1 to ${ORGANIZATION_NAME_MAX} characters, not blank, without control characters.`);
+  }
+}
+
+export async function findDefaultOrganization(db: Queryable): Promise<OrganizationRow | null> {
+  const rows = await db.query<OrganizationRow>('SELECT * FROM organizations WHERE is_default');
+  return rows[0] ?? null;
+}
+
+/** Every organisation of the service, newest first: an operator's view (the API shows only the caller's). */
+export async function listOrganizations(db: Queryable, page: PageRequest) {
+  const after = keysetCondition(page, 1);
+  const rows = await db.query<OrganizationRow>(
+    `SELECT * FROM organizations WHERE ${after.sql} ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, after.params);
+  return toPage(rows, page, (row) => row);
 }

@@ -1,6 +1,6 @@
 /**
  * The four preset policies every organisation has, with fixed ids. Immutable: clone one to
- * change it. Values in micro-USDC; null = no limit. Documented in docs/decisions.md.
+ * change it. Values in micro-USDC; null = no limit. Documented in docs/policies.md.
  */
 import { NO_LIMIT, type PolicyLimits } from '../chain/program.ts';
 

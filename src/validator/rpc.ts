@@ -10,6 +10,7 @@ import { isAddress, type Address, type Signature } from '@solana/kit';
 import { decodeBase58, encodeBase58 } from './base58.ts';
 import { stringifyJson } from './json.ts';
 import type { TransactionErrorJson } from './transaction-error.ts';
+import type { TokenBalance } from './transaction-store.ts';
 import {
   LocalValidator,
   MalformedTransactionError,
@@ -40,6 +41,8 @@ export const MAX_BATCH_REQUESTS = 1_000;
 export const MAX_SIGNATURE_STATUSES = 256;
 /** Accounts per getMultipleAccounts, as on a real node. */
 export const MAX_MULTIPLE_ACCOUNTS = 100;
+/** Signatures per getSignaturesForAddress, as on a real node (also its default). */
+export const MAX_SIGNATURES_FOR_ADDRESS = 1_000;
 /** Real nodes refuse base58 account data beyond this. */
 const MAX_BASE58_DATA_BYTES = 128;
 const U64_MAX = (1n << 64n) - 1n;
@@ -120,6 +123,15 @@ function integerOf(value: unknown, what: string): bigint {
   if (typeof value === 'bigint') return value;
   if (typeof value === 'number' && Number.isInteger(value)) return BigInt(value);
   throw invalidParams(`Invalid params: ${what} must be an integer`);
+}
+
+/** An optional signature parameter (`before`, `until`): base58 of 64 bytes. */
+function signatureOf(value: unknown, what: string): string | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (typeof value !== 'string') throw invalidParams(`Invalid params: ${what} must be a string`);
+  const bytes = decodeBase58(value);
+  if (!bytes || bytes.length !== 64) throw invalidParams(`Invalid param: ${what} is not a signature`);
+  return value;
 }
 
 function booleanOf(value: unknown, what: string, fallback: boolean): boolean {
@@ -249,6 +261,23 @@ export class RpcHandler {
         }), slot);
       },
       getTransaction: (p) => this.#getTransaction(p),
+      getSignaturesForAddress: (p) => {
+        const address = addressAt(p, 0);
+        const config = this.#readContextConfig(p, 1);
+        if (config['commitment'] === 'processed') throw invalidParams('Method does not support commitment below `confirmed`');
+        const limit = config['limit'] === undefined || config['limit'] === null
+          ? BigInt(MAX_SIGNATURES_FOR_ADDRESS) : integerOf(config['limit'], 'limit');
+        if (limit < 1n || limit > BigInt(MAX_SIGNATURES_FOR_ADDRESS)) {
+          throw invalidParams(`Invalid limit; max ${MAX_SIGNATURES_FOR_ADDRESS}`);
+        }
+        const before = signatureOf(config['before'], 'before');
+        const until = signatureOf(config['until'], 'until');
+        // Every visible transaction is final here; memos are not extracted (always null).
+        return v.signaturesForAddress(address, { limit: Number(limit), before, until }).map((record) => ({
+          signature: record.signature, slot: record.slot, err: record.err, memo: null, blockTime: record.blockTime,
+          confirmationStatus: 'finalized',
+        }));
+      },
       sendTransaction: (p) => {
         const text = stringAt(p, 0, 'transaction');
         const config = configAt(p, 1);
@@ -419,8 +448,8 @@ export class RpcHandler {
       postBalances: detail.postBalances,
       innerInstructions: [],
       logMessages: detail.logs,
-      preTokenBalances: [],
-      postTokenBalances: [],
+      preTokenBalances: detail.preTokenBalances.map(tokenBalanceJson),
+      postTokenBalances: detail.postTokenBalances.map(tokenBalanceJson),
       rewards: [],
       computeUnitsConsumed: BigInt(record.computeUnits),
     };
@@ -499,6 +528,13 @@ function errorParts(error: unknown): [number, string, unknown?] {
   if (error instanceof RangeError) return [JSON_RPC_ERRORS.invalidParams, `Invalid params: ${error.message}`];
   if (error instanceof ValidatorBusyError || error instanceof ValidatorClosedError) return [JSON_RPC_ERRORS.nodeUnhealthy, error.message];
   return [JSON_RPC_ERRORS.internalError, 'Internal error'];
+}
+
+function tokenBalanceJson(balance: TokenBalance): Record<string, unknown> {
+  return {
+    accountIndex: balance.accountIndex, mint: encodeBase58(balance.mint), owner: encodeBase58(balance.owner), programId: balance.programId,
+    uiTokenAmount: tokenAmount(balance.amount, balance.decimals),
+  };
 }
 
 function tokenAmount(amount: bigint, decimals: number): Record<string, unknown> {

@@ -1,14 +1,34 @@
 import assert from 'node:assert/strict';
-import { appendFileSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { appendFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
-import { TransactionStore, type ExecutedTransaction } from './transaction-store.ts';
+import {
+  AccountRole,
+  appendTransactionMessageInstruction,
+  createTransactionMessage,
+  generateKeyPairSigner,
+  getAddressEncoder,
+  getSignatureFromTransaction,
+  getTransactionEncoder,
+  pipe,
+  setTransactionMessageFeePayerSigner,
+  setTransactionMessageLifetimeUsingBlockhash,
+  signTransactionMessageWithSigners,
+  type Address,
+  type Blockhash,
+} from '@solana/kit';
+import { addressKey, TransactionStore, type ExecutedTransaction } from './transaction-store.ts';
+import { SYSTEM_PROGRAM } from './validator.ts';
 
 function executed(seq: number): ExecutedTransaction {
   return {
     record: { seq, signature: `sig${seq}`, slot: 100 + seq, blockTime: 1_700_000_000, err: seq % 2 ? null : { InstructionError: [0, { Custom: 1 }] }, computeUnits: 150, fee: 5000 },
-    detail: { wire: new Uint8Array([seq & 0xff]), logs: [`log ${seq}`], preBalances: [10n ** 18n], postBalances: [10n ** 18n - 5000n] },
+    detail: {
+      wire: new Uint8Array([seq & 0xff]), logs: [`log ${seq}`], preBalances: [10n ** 18n], postBalances: [10n ** 18n - 5000n],
+      preTokenBalances: [], postTokenBalances: [],
+    },
+    accountKeys: [],
   };
 }
 
@@ -49,6 +69,90 @@ describe('TransactionStore', () => {
       again.load(10_000);
       assert.equal(again.get('sig701'), undefined);
       await again.close();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+/** A transaction loading `payer` always, `even` on even seqs and `early` up to seq 100. */
+function executedWithKeys(seq: number): ExecutedTransaction {
+  const keys = ['payer'];
+  if (seq % 2 === 0) keys.push('even');
+  if (seq <= 100) keys.push('early');
+  return { ...executed(seq), accountKeys: keys };
+}
+
+const signaturesOf = (records: readonly { signature: string }[]): string[] => records.map((r) => r.signature);
+
+describe('TransactionStore address index', () => {
+  // Guarantee: getSignaturesForAddress sees exactly the stored transactions of an address, newest
+  // first, within the store's bound, and the same after a reload.
+  it('answers by address newest first, with before, until and limit, bounded and rebuilt at load', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    try {
+      const store = new TransactionStore(dir, { capacity: 300, detailCapacity: 50 });
+      const all = Array.from({ length: 700 }, (_, i) => executedWithKeys(i + 1));
+      for (let i = 0; i < all.length; i += 70) {
+        const batch = all.slice(i, i + 70);
+        await store.append(batch);
+        store.publish(batch);
+      }
+      const check = (s: TransactionStore): void => {
+        assert.deepEqual(signaturesOf(s.forAddress('payer', { limit: 3 })), ['sig700', 'sig699', 'sig698']);
+        assert.deepEqual(signaturesOf(s.forAddress('even', { limit: 3, before: 'sig700' })), ['sig698', 'sig696', 'sig694']);
+        // `before` and `until` need not load the address themselves.
+        assert.deepEqual(signaturesOf(s.forAddress('even', { limit: 10, before: 'sig699', until: 'sig693' })),
+          ['sig698', 'sig696', 'sig694']);
+        assert.deepEqual(signaturesOf(s.forAddress('payer', { limit: 10, until: 'sig698' })), ['sig700', 'sig699']);
+        assert.deepEqual(s.forAddress('payer', { limit: 10, before: 'sig401' }), [], 'nothing is older than the bound');
+        assert.deepEqual(s.forAddress('payer', { limit: 10, before: 'sig1' }), [], 'an unknown before gives nothing');
+        assert.equal(s.forAddress('payer', { limit: 1000, until: 'sig1' }).length, 300, 'an unknown until bounds nothing');
+        assert.equal(s.forAddress('payer', { limit: 1000 }).at(-1)?.signature, 'sig401');
+        assert.deepEqual(s.forAddress('early', { limit: 10 }), [], 'evicted transactions leave the index');
+        assert.equal(s.addressCount, 2, 'an address with no transaction left is forgotten');
+        assert.deepEqual(s.forAddress('nobody', { limit: 10 }), []);
+      };
+      check(store);
+      await store.close();
+      const reloaded = new TransactionStore(dir, { capacity: 300, detailCapacity: 50 });
+      reloaded.load(700);
+      check(reloaded);
+      await reloaded.close();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  // Guarantee: status lines written before they carried account keys are indexed from the wire bytes.
+  it('indexes older status lines without keys from their wire bytes', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    try {
+      const payer = await generateKeyPairSigner();
+      const recipient = (await generateKeyPairSigner()).address;
+      const message = pipe(
+        createTransactionMessage({ version: 0 }),
+        (m) => setTransactionMessageFeePayerSigner(payer, m),
+        (m) => setTransactionMessageLifetimeUsingBlockhash({ blockhash: payer.address as unknown as Blockhash, lastValidBlockHeight: 1n }, m),
+        (m) => appendTransactionMessageInstruction({
+          programAddress: SYSTEM_PROGRAM, accounts: [{ address: recipient, role: AccountRole.WRITABLE }], data: new Uint8Array([2, 0, 0, 0]),
+        }, m),
+      );
+      const signed = await signTransactionMessageWithSigners(message);
+      const wire = new Uint8Array(getTransactionEncoder().encode(signed));
+      const signature = getSignatureFromTransaction(signed);
+      mkdirSync(dir, { recursive: true });
+      writeFileSync(join(dir, '00000001.jsonl'),
+        `${JSON.stringify({ q: 1, s: signature, sl: 5, t: 0, e: null, cu: 150, f: 5000 })}\n`);
+      writeFileSync(join(dir, '00000001.detail.jsonl'),
+        `${JSON.stringify({ s: signature, q: 1, tx: Buffer.from(wire).toString('base64'), l: [], pre: ['1'], post: ['1'] })}\n`);
+      const store = new TransactionStore(dir, { capacity: 300, detailCapacity: 50 });
+      store.load(1);
+      const keyOf = (a: string) => addressKey(new Uint8Array(getAddressEncoder().encode(a as Address)));
+      assert.deepEqual(signaturesOf(store.forAddress(keyOf(recipient), { limit: 10 })), [signature]);
+      assert.deepEqual(signaturesOf(store.forAddress(keyOf(payer.address), { limit: 10 })), [signature]);
+      assert.deepEqual(store.detail(signature)?.preTokenBalances, []);
+      await store.close();
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -1,18 +1,22 @@
 /**
  * Results of executed transactions, by signature: what getSignatureStatuses and getTransaction
- * answer. Bounded: the newest `capacity` signatures (default 1,000,000) keep their status; the
- * newest `detailCapacity` (default 20,000) also keep their wire bytes, logs and balances.
+ * answer, and by account address: what getSignaturesForAddress answers. Bounded: the newest
+ * `capacity` signatures (default 1,000,000) keep their status and their place in the address
+ * index; the newest `detailCapacity` (default 20,000) also keep their wire bytes, logs and
+ * balances.
  *
  * Persisted as JSON-lines segment files under `<dataDir>/transactions/`: `<n>.jsonl` holds the
  * status lines, `<n>.detail.jsonl` the details, each segment `segmentEntries` transactions.
  * Whole old segments are deleted once the newer ones hold `capacity` entries. A batch is
  * appended and flushed before the chain snapshot that contains its effects is written, and
- * lines newer than the snapshot (a crash in between) are cut off at load.
+ * lines newer than the snapshot (a crash in between) are cut off at load. Status lines carry the
+ * message's account keys, so the address index is rebuilt at load without the detail files.
  */
 import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { open, unlink, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { TransactionErrorJson } from './transaction-error.ts';
+import { parseWireTransaction } from './wire.ts';
 
 export interface TransactionRecord {
   /** Execution order, increasing across restarts. */
@@ -26,16 +30,44 @@ export interface TransactionRecord {
   fee: number;
 }
 
+/**
+ * An SPL token account among the message's keys, before or after the transaction, as Solana
+ * reports it. Keys stay bytes here: they are encoded when asked for, not on the hot path.
+ */
+export interface TokenBalance {
+  accountIndex: number;
+  mint: Uint8Array;
+  owner: Uint8Array;
+  /** The token program that owns the account (base58). */
+  programId: string;
+  amount: bigint;
+  decimals: number;
+}
+
 export interface TransactionDetail {
   wire: Uint8Array;
   logs: string[];
   preBalances: bigint[];
   postBalances: bigint[];
+  preTokenBalances: TokenBalance[];
+  postTokenBalances: TokenBalance[];
 }
 
 export interface ExecutedTransaction {
   record: TransactionRecord;
   detail: TransactionDetail;
+  /**
+   * The message's static account keys, as `addressKey` spells them: the addresses the
+   * transaction is found by.
+   */
+  accountKeys: readonly string[];
+}
+
+/** Newest first, at most `limit`, strictly older than `before` and strictly newer than `until`. */
+export interface AddressQuery {
+  limit: number;
+  before?: string;
+  until?: string;
 }
 
 export interface TransactionStoreOptions {
@@ -48,14 +80,82 @@ const DEFAULT_DETAIL_CAPACITY = 20_000;
 /** Segments per capacity: the bound is exceeded by at most one segment's worth on disk. */
 const SEGMENTS_PER_CAPACITY = 50;
 
-interface StatusLine { q: number; s: string; sl: number; t: number; e: TransactionErrorJson | null; cu: number; f: number }
-interface DetailLine { s: string; q: number; tx: string; l: string[]; pre: string[]; post: string[] }
+/** `k` (account keys) is absent from lines written before the address index existed. */
+interface StatusLine { q: number; s: string; sl: number; t: number; e: TransactionErrorJson | null; cu: number; f: number; k?: string[] }
+interface TokenBalanceLine { i: number; m: string; o: string; p: string; a: string; d: number }
+/** `tpre`/`tpost` are absent from lines written before token balances were recorded. */
+interface DetailLine {
+  s: string; q: number; tx: string; l: string[]; pre: string[]; post: string[]; tpre?: TokenBalanceLine[]; tpost?: TokenBalanceLine[];
+}
+
+/**
+ * How the index and the status lines spell a 32-byte address: base64, about four times cheaper
+ * to compute than base58 for every key of every transaction.
+ */
+export function addressKey(key: Uint8Array): string {
+  return Buffer.from(key.buffer, key.byteOffset, key.byteLength).toString('base64');
+}
+
+function tokenBalanceLine(b: TokenBalance): TokenBalanceLine {
+  return { i: b.accountIndex, m: addressKey(b.mint), o: addressKey(b.owner), p: b.programId, a: b.amount.toString(), d: b.decimals };
+}
+
+function tokenBalanceOf(line: TokenBalanceLine): TokenBalance {
+  return {
+    accountIndex: line.i, mint: Buffer.from(line.m, 'base64'), owner: Buffer.from(line.o, 'base64'), programId: line.p,
+    amount: BigInt(line.a), decimals: line.d,
+  };
+}
+
+/**
+ * One address's transactions in execution order. The store evicts its oldest transactions
+ * first, so they leave from the front: a start offset, compacted now and then, keeps that O(1).
+ */
+class AddressHistory {
+  records: TransactionRecord[] = [];
+  start = 0;
+
+  constructor(readonly address: string) {}
+
+  get size(): number {
+    return this.records.length - this.start;
+  }
+
+  dropOldest(record: TransactionRecord): void {
+    if (this.records[this.start] !== record) throw new Error(`address index out of order for ${this.address}`);
+    this.records[this.start] = undefined as unknown as TransactionRecord;
+    this.start += 1;
+    if (this.start >= 1024 && this.start * 2 >= this.records.length) {
+      this.records = this.records.slice(this.start);
+      this.start = 0;
+    }
+  }
+
+  /** The index of the first record whose seq is at least `seq` (binary search: seqs increase). */
+  lowerBound(seq: number): number {
+    let low = this.start;
+    let high = this.records.length;
+    while (low < high) {
+      const middle = (low + high) >>> 1;
+      if (this.records[middle]!.seq < seq) low = middle + 1;
+      else high = middle;
+    }
+    return low;
+  }
+}
+
+/** A stored status with the address histories it appears in (for eviction). */
+interface StoredRecord {
+  record: TransactionRecord;
+  histories: AddressHistory[];
+}
 
 export class TransactionStore {
   readonly capacity: number;
   readonly detailCapacity: number;
   readonly segmentEntries: number;
-  readonly #records = new Map<string, TransactionRecord>();
+  readonly #records = new Map<string, StoredRecord>();
+  readonly #addresses = new Map<string, AddressHistory>();
   readonly #details = new Map<string, TransactionDetail>();
   readonly #dir: string | null;
   #segments: number[] = [];
@@ -75,7 +175,35 @@ export class TransactionStore {
   }
 
   get(signature: string): TransactionRecord | undefined {
-    return this.#records.get(signature);
+    return this.#records.get(signature)?.record;
+  }
+
+  /** Addresses with at least one transaction in the index. */
+  get addressCount(): number {
+    return this.#addresses.size;
+  }
+
+  /**
+   * Signatures of the transactions that loaded the address (spelled by `addressKey`), newest
+   * first. As on Solana, an unknown `before` gives nothing and an unknown `until` bounds nothing.
+   */
+  forAddress(key: string, query: AddressQuery): TransactionRecord[] {
+    const history = this.#addresses.get(key);
+    if (!history) return [];
+    let end = history.records.length;
+    if (query.before !== undefined) {
+      const before = this.#records.get(query.before);
+      if (!before) return [];
+      end = history.lowerBound(before.record.seq);
+    }
+    const untilSeq = query.until === undefined ? -1 : (this.#records.get(query.until)?.record.seq ?? -1);
+    const found: TransactionRecord[] = [];
+    for (let i = end - 1; i >= history.start && found.length < query.limit; i--) {
+      const record = history.records[i]!;
+      if (record.seq <= untilSeq) break;
+      found.push(record);
+    }
+    return found;
   }
 
   detail(signature: string): TransactionDetail | undefined {
@@ -88,20 +216,39 @@ export class TransactionStore {
 
   /** Makes a batch visible (after it has been persisted). */
   publish(batch: readonly ExecutedTransaction[]): void {
-    for (const { record, detail } of batch) {
-      this.#records.set(record.signature, record);
+    for (const { record, detail, accountKeys } of batch) {
+      this.#add(record, accountKeys);
       this.#details.set(record.signature, detail);
     }
     this.#evict();
+  }
+
+  #add(record: TransactionRecord, accountKeys: readonly string[]): void {
+    // A sanitised message never repeats a key; the set keeps the index consistent regardless.
+    const histories: AddressHistory[] = [];
+    for (const key of new Set(accountKeys)) {
+      let history = this.#addresses.get(key);
+      if (!history) {
+        history = new AddressHistory(key);
+        this.#addresses.set(key, history);
+      }
+      history.records.push(record);
+      histories.push(history);
+    }
+    this.#records.set(record.signature, { record, histories });
   }
 
   #evict(): void {
     // Maps iterate in insertion order, which is execution order: the oldest go first.
     if (this.#records.size > this.capacity) {
       let excess = this.#records.size - this.capacity;
-      for (const key of this.#records.keys()) {
+      for (const [key, stored] of this.#records) {
         if (excess-- <= 0) break;
         this.#records.delete(key);
+        for (const history of stored.histories) {
+          history.dropOldest(stored.record);
+          if (history.size === 0) this.#addresses.delete(history.address);
+        }
       }
     }
     if (this.#details.size > this.detailCapacity) {
@@ -131,16 +278,20 @@ export class TransactionStore {
       const statusLines = this.#readLines(this.#statusPath(segment), (line: StatusLine) => line.q <= maxSeq, () => {
         dropped = true;
       });
-      for (const line of statusLines) {
-        this.#records.set(line.s, {
-          seq: line.q, signature: line.s, slot: line.sl, blockTime: line.t, err: line.e, computeUnits: line.cu, fee: line.f,
-        });
-      }
       if (index === this.#segments.length - 1) this.#segmentCount = statusLines.length;
-      // Old segments' details are not kept in memory, and are only read to cut stale lines.
+      // Old segments' details are not kept in memory, and are only read to cut stale lines, or
+      // for the account keys of status lines written before the lines carried them.
       const keepDetails = index >= detailFrom;
-      if (!keepDetails && !dropped) return;
-      const detailLines = this.#readLines(this.#detailPath(segment), (line: DetailLine) => line.q <= maxSeq);
+      const keysMissing = statusLines.some((line) => line.k === undefined);
+      const detailLines = keepDetails || dropped || keysMissing
+        ? this.#readLines(this.#detailPath(segment), (line: DetailLine) => line.q <= maxSeq)
+        : [];
+      const wireKeys = keysMissing ? keysFromDetails(detailLines) : null;
+      for (const line of statusLines) {
+        this.#add({
+          seq: line.q, signature: line.s, slot: line.sl, blockTime: line.t, err: line.e, computeUnits: line.cu, fee: line.f,
+        }, line.k ?? wireKeys?.get(line.s) ?? []);
+      }
       if (!keepDetails) return;
       for (const line of detailLines) {
         this.#details.set(line.s, {
@@ -148,6 +299,8 @@ export class TransactionStore {
           logs: line.l,
           preBalances: line.pre.map(BigInt),
           postBalances: line.post.map(BigInt),
+          preTokenBalances: (line.tpre ?? []).map(tokenBalanceOf),
+          postTokenBalances: (line.tpost ?? []).map(tokenBalanceOf),
         });
       }
     });
@@ -203,12 +356,15 @@ export class TransactionStore {
       const part = batch.slice(start, start + room);
       let statusText = '';
       let detailText = '';
-      for (const { record: r, detail: d } of part) {
-        const status: StatusLine = { q: r.seq, s: r.signature, sl: r.slot, t: r.blockTime, e: r.err, cu: r.computeUnits, f: r.fee };
+      for (const { record: r, detail: d, accountKeys } of part) {
+        const status: StatusLine = {
+          q: r.seq, s: r.signature, sl: r.slot, t: r.blockTime, e: r.err, cu: r.computeUnits, f: r.fee, k: [...accountKeys],
+        };
         statusText += `${JSON.stringify(status)}\n`;
         const detailLine: DetailLine = {
           s: r.signature, q: r.seq, tx: Buffer.from(d.wire.buffer, d.wire.byteOffset, d.wire.byteLength).toString('base64'),
           l: d.logs, pre: d.preBalances.map(String), post: d.postBalances.map(String),
+          tpre: d.preTokenBalances.map(tokenBalanceLine), tpost: d.postTokenBalances.map(tokenBalanceLine),
         };
         detailText += `${JSON.stringify(detailLine)}\n`;
       }
@@ -255,4 +411,17 @@ export class TransactionStore {
   static reset(dir: string): void {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** Account keys read back from the wire bytes of detail lines, by signature. */
+function keysFromDetails(lines: readonly DetailLine[]): Map<string, string[]> {
+  const keys = new Map<string, string[]>();
+  for (const line of lines) {
+    try {
+      keys.set(line.s, parseWireTransaction(Buffer.from(line.tx, 'base64')).accountKeys.map(addressKey));
+    } catch {
+      // A transaction that once executed always parses; a damaged line just stays out of the index.
+    }
+  }
+  return keys;
 }

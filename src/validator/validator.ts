@@ -39,16 +39,26 @@ import {
   type TransactionMetadata,
 } from 'litesvm/dist/internal.js';
 import { OffsetClock, ManualClock, type Clock } from '../clock/clock.ts';
+import { referenceMemoIx } from '../chain/client.ts';
 import { generateSecretKey, loadOrCreateKeyFile } from '../chain/operator-key.ts';
 import { decodeBase58, encodeBase58 } from './base58.ts';
 import { deployUpgradeableProgram, PROGRAMDATA_METADATA_SIZE, UPGRADEABLE_LOADER } from './loader.ts';
 import { acquireLock, readSnapshot, writeSnapshot, type SnapshotMeta } from './state-file.ts';
 import { describeTransactionError, transactionErrorJson, type TransactionErrorJson } from './transaction-error.ts';
-import { TransactionStore, type ExecutedTransaction, type TransactionDetail, type TransactionRecord } from './transaction-store.ts';
+import {
+  addressKey,
+  TransactionStore,
+  type AddressQuery,
+  type ExecutedTransaction,
+  type TokenBalance,
+  type TransactionDetail,
+  type TransactionRecord,
+} from './transaction-store.ts';
 import { feeOf, MalformedTransactionError, parseWireTransaction, type WireTransaction } from './wire.ts';
 
 export const SYSTEM_PROGRAM = address('11111111111111111111111111111111');
 export const TOKEN_PROGRAM = address('TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA');
+export const TOKEN_2022_PROGRAM = address('TokenzQdBNbLqP5VEhdkAS6EPFLC1PHnBqCXEpPxuEb');
 export const ASSOCIATED_TOKEN_PROGRAM = address('ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL');
 export const CLOCK_SYSVAR = address('SysvarC1ock11111111111111111111111111111111');
 
@@ -69,6 +79,13 @@ const AUTHORITY_LAMPORTS = 1_000_000_000n * 1_000_000_000n;
 const U64_MAX = (1n << 64n) - 1n;
 const MINT_SIZE = 82;
 const TOKEN_ACCOUNT_SIZE = 165;
+/** SPL token account layout: mint, owner, amount, then the state byte (0 = uninitialised). */
+const TOKEN_ACCOUNT_STATE_OFFSET = 108;
+/** Mints whose decimals are remembered; decimals never change, the bound only caps memory. */
+const MINT_DECIMALS_CACHE_MAX = 10_000;
+const TOKEN_PROGRAMS = [TOKEN_PROGRAM, TOKEN_2022_PROGRAM].map((program) => ({
+  id: program as string, key: Buffer.from(getAddressEncoder().encode(program)),
+}));
 
 export const VALIDATOR_KEY_FILE = 'validator-key.json';
 export const PROGRAM_KEY_FILE = 'program-keypair.json';
@@ -144,6 +161,25 @@ interface Genesis {
   authority: Address;
 }
 
+/**
+ * The keys whose token balances getTransaction reports: the writable ones that are not invoked
+ * programs. Solana also lists read-only token accounts; their balance cannot change in the
+ * transaction, and reading every read-only account (programs, sysvars) twice per transaction
+ * costs a fifth of the validator's throughput, so they are left out.
+ */
+function tokenBalanceIndexes(tx: WireTransaction): number[] {
+  const invoked = new Set(tx.instructions.map((ix) => ix.programIdIndex));
+  const count = tx.accountKeys.length;
+  const indexes: number[] = [];
+  for (let i = 0; i < count; i++) {
+    const writable = i < tx.numRequiredSignatures
+      ? i < tx.numRequiredSignatures - tx.numReadonlySignedAccounts
+      : i < count - tx.numReadonlyUnsignedAccounts;
+    if (writable && !invoked.has(i)) indexes.push(i);
+  }
+  return indexes;
+}
+
 function blockhashBytes(seed: Buffer, slot: number): Buffer {
   const slotBytes = Buffer.alloc(8);
   slotBytes.writeBigUInt64LE(BigInt(slot));
@@ -181,6 +217,8 @@ export class LocalValidator {
   readonly #blockhashSlots = new Map<string, number>();
   #latestBlockhash: string;
   #seq: number;
+  /** mint (latin1 of its bytes) → decimals, for the token balances of getTransaction. */
+  readonly #mintDecimals = new Map<string, number>();
 
   #queue: WireTransaction[] = [];
   /** Signatures queued or executed but not yet visible: a resend must not run them twice. */
@@ -579,8 +617,11 @@ export class LocalValidator {
     }
     const keys = tx.accountKeys;
     const preBalances = keys.map((key) => this.#inner.getBalance(key) ?? 0n);
+    const balanceIndexes = tokenBalanceIndexes(tx);
+    const preTokenBalances = this.#tokenBalances(keys, balanceIndexes);
     const outcome = tx.version === 'legacy' ? this.#inner.sendLegacyTransaction(tx.bytes) : this.#inner.sendVersionedTransaction(tx.bytes);
     const postBalances = keys.map((key) => this.#inner.getBalance(key) ?? 0n);
+    const postTokenBalances = this.#tokenBalances(keys, balanceIndexes);
     let err: TransactionErrorJson | null = null;
     let meta: TransactionMetadata;
     let fee: bigint;
@@ -608,9 +649,46 @@ export class LocalValidator {
       computeUnits: Number(meta.computeUnitsConsumed()),
       fee: Number(fee),
     };
-    const detail: TransactionDetail = { wire: tx.bytes, logs: meta.logs(), preBalances, postBalances };
-    this.#unpublished.push({ record, detail });
+    const detail: TransactionDetail = { wire: tx.bytes, logs: meta.logs(), preBalances, postBalances, preTokenBalances, postTokenBalances };
+    this.#unpublished.push({ record, detail, accountKeys: keys.map(addressKey) });
     this.#stateDirty = true;
+  }
+
+  /** The initialised SPL token accounts at these key indexes whose mint exists. */
+  #tokenBalances(keys: readonly Uint8Array[], indexes: readonly number[]): TokenBalance[] {
+    const balances: TokenBalance[] = [];
+    for (const accountIndex of indexes) {
+      const account = this.#inner.getAccount(keys[accountIndex]!);
+      if (!account) continue;
+      const owner = account.owner();
+      const program = TOKEN_PROGRAMS.find((p) => p.key.equals(owner));
+      if (!program) continue;
+      const data = account.data();
+      if (data.length < TOKEN_ACCOUNT_SIZE || data[TOKEN_ACCOUNT_STATE_OFFSET] === 0) continue;
+      const mint = data.slice(0, 32);
+      const decimals = this.#decimalsOf(mint);
+      if (decimals === null) continue;
+      balances.push({
+        accountIndex,
+        mint,
+        owner: data.slice(32, 64),
+        programId: program.id,
+        amount: new DataView(data.buffer, data.byteOffset, data.byteLength).getBigUint64(64, true),
+        decimals,
+      });
+    }
+    return balances;
+  }
+
+  #decimalsOf(mint: Uint8Array): number | null {
+    const cacheKey = Buffer.from(mint.buffer, mint.byteOffset, mint.byteLength).toString('latin1');
+    const known = this.#mintDecimals.get(cacheKey);
+    if (known !== undefined) return known;
+    const data = this.#inner.getAccount(mint)?.data();
+    if (!data || data.length < MINT_SIZE) return null;
+    if (this.#mintDecimals.size >= MINT_DECIMALS_CACHE_MAX) this.#mintDecimals.clear();
+    this.#mintDecimals.set(cacheKey, data[44]!);
+    return data[44]!;
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -730,6 +808,16 @@ export class LocalValidator {
     return record ? { record, detail: this.#store.detail(signature) } : null;
   }
 
+  /**
+   * Visible transactions whose message lists `address`, newest first (getSignaturesForAddress).
+   * Addresses that are not base58 keys throw RangeError.
+   */
+  signaturesForAddress(addressText: string, query: AddressQuery): TransactionRecord[] {
+    const key = decodeBase58(addressText);
+    if (!key || key.length !== 32) throw new RangeError(`invalid address ${addressText}`);
+    return this.#store.forAddress(addressKey(key), query);
+  }
+
   /** Account by address, or null. Addresses that are not base58 keys throw RangeError. */
   getAccount(addressText: string): { lamports: bigint; data: Uint8Array; owner: string; executable: boolean; rentEpoch: bigint } | null {
     const key = decodeBase58(addressText);
@@ -762,7 +850,13 @@ export class LocalValidator {
   // ---------------------------------------------------------------------------------------------
   // Cheatcodes: transactions of the validator's own key, queued like any other.
 
+  /**
+   * Sends a transaction signed by the validator's own key. A random memo makes each one
+   * distinct: two identical mints within one blockhash would otherwise share a signature, and
+   * the second would be dropped as already processed.
+   */
   async #sendOwnTransaction(instructions: Instruction[]): Promise<string> {
+    instructions = [referenceMemoIx(`validator-${randomBytes(12).toString('hex')}`), ...instructions];
     const { blockhash, lastValidBlockHeight } = this.latestBlockhash();
     const message = pipe(
       createTransactionMessage({ version: 0 }),

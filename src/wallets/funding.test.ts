@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { insertTransaction, reconcilePending } from '../transactions/settlement.ts';
+import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
 
 let agentCounter = 0;
 
@@ -280,7 +280,8 @@ describe('crash recovery', () => {
     const reserveBefore = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
     const [row] = await ctx.db.query<{ agent_id: string }>('SELECT agent_id FROM wallets WHERE id = $1', [wallet.wallet_id]);
     const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, 1_000_000n)]);
-    const expiredHeight = (await ctx.chain.getBlockHeight()) - 1n;
+    // Past its last valid height by more than the reconciler's margin (see EXPIRY_MARGIN_BLOCKS).
+    const expiredHeight = (await ctx.chain.getBlockHeight()) - 1n - EXPIRY_MARGIN_BLOCKS;
     const recorded = await ctx.db.transaction(async (tx) => {
       await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 1000000 WHERE id = $1', [t.orgId]);
       return insertTransaction(tx, ctx.clock.nowMs(), {

@@ -12,6 +12,7 @@ import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { AppContext } from '../http/context.ts';
+import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { awaitSettlement, insertTransaction, type TransactionRow } from '../transactions/settlement.ts';
@@ -52,6 +53,14 @@ async function settle(ctx: Ctx, prepared: PreparedTransaction, recorded: Transac
   return { transactions: rows, status: outcome === null ? 'pending' : outcome.err ? 'failed' : 'confirmed' };
 }
 
+/** A move as recorded under its chain signature (an idempotent retry's answer after a crash). */
+export async function recordedMove(db: Queryable, orgId: string, signature: string): Promise<MoveResult> {
+  const rows = await db.query<TransactionRow>(
+    'SELECT * FROM transactions WHERE org_id = $1 AND tx_signature = $2 ORDER BY id', [orgId, signature]);
+  const status = rows[0]?.status;
+  return { transactions: rows, status: status === 'confirmed' || status === 'failed' ? status : 'pending' };
+}
+
 export interface Allocation {
   walletId: string;
   amount: bigint;
@@ -61,7 +70,9 @@ export interface Allocation {
  * Funds one or more vaults of the organisation from its reserve in one chain transaction:
  * every allocation succeeds or none does.
  */
-export async function fundWallets(ctx: Ctx, orgId: string, allocations: Allocation[]): Promise<MoveResult> {
+export async function fundWallets(
+  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker, options: { memo?: string } = {},
+): Promise<MoveResult> {
   const seen = new Set<string>();
   for (const allocation of allocations) {
     if (seen.has(allocation.walletId)) {
@@ -101,10 +112,11 @@ export async function fundWallets(ctx: Ctx, orgId: string, allocations: Allocati
       }
       rows.push(await insertTransaction(tx, nowMs, {
         id: txIds.get(wallet.id)!, orgId, walletId: wallet.id, type: 'funding', amount: allocation.amount, recipient: wallet.chain_address,
-        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, batchId,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, batchId, memo: options.memo ?? null,
       }));
     }
     await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - $2 WHERE id = $1', [orgId, total]);
+    await mark?.(tx, prepared.signature);
     return rows;
   });
   return settle(ctx, prepared, recorded);
@@ -114,7 +126,9 @@ export async function fundWallets(ctx: Ctx, orgId: string, allocations: Allocati
  * Returns USDC from a vault to the reserve. `amount: 'all'` takes the whole available balance
  * at the moment the withdrawal is recorded.
  */
-export async function withdrawFromWallet(ctx: Ctx, orgId: string, walletId: string, amount: bigint | 'all'): Promise<MoveResult> {
+export async function withdrawFromWallet(
+  ctx: Ctx, orgId: string, walletId: string, amount: bigint | 'all', mark?: RecordMarker,
+): Promise<MoveResult> {
   // The amount must be known to sign; for "all" it is read first and re-checked under the lock
   // (a payment in between changes it: sign again, a few times at most).
   for (let attempt = 0; attempt < 5; attempt += 1) {
@@ -138,10 +152,12 @@ export async function withdrawFromWallet(ctx: Ctx, orgId: string, walletId: stri
       }
       await tx.query('UPDATE wallets SET balance = balance - $2 WHERE id = $1', [walletId, wanted]);
       const org = await tx.query<{ reserve_address: string }>('SELECT reserve_address FROM organizations WHERE id = $1', [orgId]);
-      return insertTransaction(tx, ctx.clock.nowMs(), {
+      const row = await insertTransaction(tx, ctx.clock.nowMs(), {
         id: txId, orgId, walletId, type: 'withdrawal', amount: wanted, recipient: org[0]!.reserve_address,
         signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight,
       });
+      await mark?.(tx, prepared.signature);
+      return row;
     });
     if (recorded) return settle(ctx, prepared, [recorded]);
   }

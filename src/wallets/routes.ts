@@ -11,13 +11,15 @@ import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempot
 import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
-import { FUND_BATCH_MAX, fundWallets, withdrawFromWallet, type MoveResult } from './funding.ts';
+import { spendingOf } from '../payments/budgets.ts';
+import { findPolicy, rulesOf } from '../policies/policies.ts';
+import { FUND_BATCH_MAX, fundWallets, recordedMove, withdrawFromWallet, type MoveResult } from './funding.ts';
 import {
   SESSION_TTL_SECONDS_DEFAULT, SESSION_TTL_SECONDS_MAX, SESSION_TTL_SECONDS_MIN,
 } from './session-token.ts';
 import {
-  AGENT_ID_PATTERN, LABEL_MAX, TAGS_MAX, TAG_PATTERN, WALLET_SELECT, WalletStatusSchema, WalletView,
-  archiveWallet, assertVaultAccess, createWallet, getWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
+  AGENT_ID_PATTERN, LABEL_MAX, TAGS_MAX, TAG_PATTERN, WALLET_SELECT, WalletStatusSchema, WalletView, statusCondition,
+  archiveWallet, assertVaultAccess, createWallet, getWallet, provisionedWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
   type WalletWithPolicy,
 } from './wallets.ts';
 
@@ -85,8 +87,22 @@ function assertNotFailed(result: MoveResult, code: 'org_insufficient_balance' | 
 const slotOf = (row: TransactionRow): number | null => (row.on_chain_slot === null ? null : Number(row.on_chain_slot));
 
 export function walletRoutes(app: App, ctx: AppContext): void {
+  const view = (row: WalletWithPolicy) => walletView(row, ctx.clock.nowMs());
   const reserveBalance = async (orgId: string): Promise<bigint> =>
     (await ctx.db.query<{ reserve_balance: bigint }>('SELECT reserve_balance FROM organizations WHERE id = $1', [orgId]))[0]!.reserve_balance;
+
+  /** What a fund or a withdrawal of one wallet answers, once settled (or as recorded, after a crash). */
+  const singleMove = async (orgId: string, walletId: string, moved: MoveResult,
+    refusal: 'org_insufficient_balance' | 'withdrawal_exceeds_balance') => {
+    assertNotFailed(moved, refusal);
+    const row = moved.transactions[0]!;
+    const wallet = await getWallet(ctx.db, orgId, walletId);
+    return {
+      wallet_id: walletId, amount: formatUsdc(row.amount), usdc_balance: formatUsdc(wallet.balance),
+      reserve: formatUsdc(await reserveBalance(orgId)), status: moved.status, tx_id: row.id,
+      tx_signature: row.tx_signature!, on_chain_slot: slotOf(row),
+    };
+  };
 
   app.post('/v1/wallets', {
     config: { permission: 'write' },
@@ -111,8 +127,9 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const result = await runIdempotent(ctx.db, {
       orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], idempotencyKey),
       operation: 'wallets.create', params: input, nowMs: ctx.clock.nowMs(),
-    }, async () => ({
-      status: 200, body: walletView(await createWallet(ctx, orgId, { ...input, tags: input.tags ?? [] })),
+      recover: async (walletId) => ({ status: 200, body: view(await provisionedWallet(ctx, orgId, walletId)) }),
+    }, async (mark) => ({
+      status: 200, body: view(await createWallet(ctx, orgId, { ...input, tags: input.tags ?? [] }, mark)),
     }));
     return sendIdempotent(reply, result);
   });
@@ -128,7 +145,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const principal = principalOf(request);
     const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
     assertVaultAccess(principal, wallet, request.headers['session-token'] as string | undefined, ctx.clock.nowMs());
-    return walletView(wallet);
+    const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id);
+    return { ...view(wallet), spending: await spendingOf(ctx.db, wallet.id, rulesOf(policy!), ctx.clock.nowMs()) };
   });
 
   app.get('/v1/wallets', {
@@ -148,8 +166,9 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const params: unknown[] = [orgId];
     const where = ['w.org_id = $1'];
     if (request.query.status) {
-      params.push(request.query.status);
-      where.push(`w.status = $${params.length}`);
+      // idle and active depend on the time; the others do not name it.
+      if (request.query.status === 'idle' || request.query.status === 'active') params.push(new Date(ctx.clock.nowMs()));
+      where.push(`(${statusCondition(request.query.status, params.length)})`);
     } else {
       where.push(`w.status <> 'archived'`);
     }
@@ -166,7 +185,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const rows = await ctx.db.query<WalletWithPolicy>(
       `${WALLET_SELECT} WHERE ${where.join(' AND ')} AND ${after.sql}
        ORDER BY w.created_at DESC, w.id DESC LIMIT ${page.limit + 1}`, params);
-    return toPage(rows, page, walletView);
+    return toPage(rows, page, view);
   });
 
   app.patch('/v1/wallets/:wallet_id', {
@@ -179,12 +198,18 @@ export function walletRoutes(app: App, ctx: AppContext): void {
         policyId: Type.Optional(PolicyId),
         tags: Type.Optional(Tags),
         status: Type.Optional(Type.Union([Type.Literal('active'), Type.Literal('frozen')])),
+        lowBalanceThreshold: Type.Optional(Type.Union([Type.String(), Type.Null()], {
+          description: 'balance.low fires once each time the balance falls below it; null turns it off',
+        })),
       }, { additionalProperties: false, minProperties: 1 }),
       response: { 200: WalletView },
     },
   }, async (request) => {
     const { orgId } = principalOf(request);
-    return walletView(await updateWallet(ctx, orgId, request.params.wallet_id, request.body));
+    const { lowBalanceThreshold, ...rest } = request.body;
+    const threshold = lowBalanceThreshold === undefined ? undefined
+      : lowBalanceThreshold === null ? null : amountOf(lowBalanceThreshold, 'low_balance_threshold');
+    return view(await updateWallet(ctx, orgId, request.params.wallet_id, { ...rest, lowBalanceThreshold: threshold }));
   });
 
   app.delete('/v1/wallets/:wallet_id', {
@@ -193,22 +218,22 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       tags: ['Wallets'], summary: 'Archive a wallet (its balance must be zero); it then only answers reads',
       params: WalletParams, response: { 200: WalletView },
     },
-  }, async (request) => walletView(await archiveWallet(ctx, principalOf(request).orgId, request.params.wallet_id)));
+  }, async (request) => view(await archiveWallet(ctx, principalOf(request).orgId, request.params.wallet_id)));
 
   app.post('/v1/wallets/:wallet_id/rotate-token', {
     config: { permission: 'write' },
     schema: {
       tags: ['Wallets'], summary: 'Issue a new session token for the wallet\'s agent; the previous one stops working at once',
       params: WalletParams,
-      body: Type.Optional(Type.Object({
+      body: Type.Object({
         ttlSeconds: Type.Optional(Type.Integer({
           minimum: SESSION_TTL_SECONDS_MIN, maximum: SESSION_TTL_SECONDS_MAX, default: SESSION_TTL_SECONDS_DEFAULT,
         })),
-      }, { additionalProperties: false })),
+      }, { additionalProperties: false }),
       response: { 200: Type.Object({ wallet_id: Type.String(), session_token: Type.String(), expires_at: Type.String() }) },
     },
   }, async (request) => {
-    const ttl = request.body?.ttlSeconds ?? SESSION_TTL_SECONDS_DEFAULT;
+    const ttl = request.body.ttlSeconds ?? SESSION_TTL_SECONDS_DEFAULT;
     return rotateSessionToken(ctx, principalOf(request).orgId, request.params.wallet_id, ttl);
   });
 
@@ -235,7 +260,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       throw new ServiceError('invalid_amount', 'trigger_below must be a decimal string of USDC.', { param: 'trigger_below' });
     }
     const amount = topupAmount === undefined ? null : amountOf(topupAmount, 'topup_amount');
-    return walletView(await setAutoTopup(ctx, principalOf(request).orgId, request.params.wallet_id,
+    return view(await setAutoTopup(ctx, principalOf(request).orgId, request.params.wallet_id,
       { enabled, triggerBelow: trigger, topupAmount: amount }));
   });
 
@@ -254,23 +279,15 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const { wallet_id: walletId } = request.params;
     assertUsdc(request.body.currency);
     const amount = amountOf(request.body.amount);
+    const answer = async (moved: MoveResult) => {
+      const { amount: funded, reserve, ...common } = await singleMove(orgId, walletId, moved, 'org_insufficient_balance');
+      return { status: 200, body: { ...common, funded_amount: funded, org_balance_remaining: reserve } };
+    };
     const result = await runIdempotent(ctx.db, {
       orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.fund', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
-    }, async () => {
-      const moved = await fundWallets(ctx, orgId, [{ walletId, amount }]);
-      assertNotFailed(moved, 'org_insufficient_balance');
-      const row = moved.transactions[0]!;
-      const wallet = await getWallet(ctx.db, orgId, walletId);
-      return {
-        status: 200,
-        body: {
-          wallet_id: walletId, funded_amount: formatUsdc(amount), usdc_balance: formatUsdc(wallet.balance),
-          org_balance_remaining: formatUsdc(await reserveBalance(orgId)), status: moved.status, tx_id: row.id,
-          tx_signature: row.tx_signature!, on_chain_slot: slotOf(row),
-        },
-      };
-    });
+      recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
+    }, async (mark) => answer(await fundWallets(ctx, orgId, [{ walletId, amount }], mark)));
     return sendIdempotent(reply, result);
   });
 
@@ -289,11 +306,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
   }, async (request, reply) => {
     const { orgId } = principalOf(request);
     const allocations = request.body.allocations.map((a, i) => ({ walletId: a.walletId, amount: amountOf(a.amount, `allocations.${i}.amount`) }));
-    const result = await runIdempotent(ctx.db, {
-      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
-      operation: 'wallets.fund_batch', params: allocations, nowMs: ctx.clock.nowMs(),
-    }, async () => {
-      const moved = await fundWallets(ctx, orgId, allocations);
+    const answer = async (moved: MoveResult) => {
       assertNotFailed(moved, 'org_insufficient_balance');
       const balances = await ctx.db.query<{ id: string; balance: bigint }>(
         'SELECT id, balance FROM wallets WHERE org_id = $1 AND id = ANY($2)', [orgId, allocations.map((a) => a.walletId)]);
@@ -315,7 +328,12 @@ export function walletRoutes(app: App, ctx: AppContext): void {
           })),
         },
       };
-    });
+    };
+    const result = await runIdempotent(ctx.db, {
+      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      operation: 'wallets.fund_batch', params: allocations, nowMs: ctx.clock.nowMs(),
+      recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
+    }, async (mark) => answer(await fundWallets(ctx, orgId, allocations, mark)));
     return sendIdempotent(reply, result);
   });
 
@@ -336,23 +354,15 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const { wallet_id: walletId } = request.params;
     assertUsdc(request.body.currency);
     const amount = request.body.amount === 'all' ? 'all' as const : amountOf(request.body.amount);
+    const answer = async (moved: MoveResult) => {
+      const { amount: withdrawn, reserve, ...common } = await singleMove(orgId, walletId, moved, 'withdrawal_exceeds_balance');
+      return { status: 200, body: { ...common, withdrawn_amount: withdrawn, org_balance: reserve } };
+    };
     const result = await runIdempotent(ctx.db, {
       orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.withdraw', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
-    }, async () => {
-      const moved = await withdrawFromWallet(ctx, orgId, walletId, amount);
-      assertNotFailed(moved, 'withdrawal_exceeds_balance');
-      const row = moved.transactions[0]!;
-      const wallet = await getWallet(ctx.db, orgId, walletId);
-      return {
-        status: 200,
-        body: {
-          wallet_id: walletId, withdrawn_amount: formatUsdc(row.amount), usdc_balance: formatUsdc(wallet.balance),
-          org_balance: formatUsdc(await reserveBalance(orgId)), status: moved.status, tx_id: row.id,
-          tx_signature: row.tx_signature!, on_chain_slot: slotOf(row),
-        },
-      };
-    });
+      recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
+    }, async (mark) => answer(await withdrawFromWallet(ctx, orgId, walletId, amount, mark)));
     return sendIdempotent(reply, result);
   });
 }

@@ -264,4 +264,22 @@ describe('wallets', () => {
     const read = await t.request('GET', `/v1/wallets/${wallet.wallet_id}`);
     assert.deepEqual(read.body.auto_topup, { enabled: true, trigger_below: '5.00', topup_amount: '20.50' });
   });
+
+  test('creating a wallet races deleting its policy: never a wallet on a deleted policy', async () => {
+    for (let round = 0; round < 8; round += 1) {
+      const policy = await t.request('POST', '/v1/policies', { body: { name: `racing-${process.pid}-${round}` } });
+      const [created, deleted] = await Promise.all([
+        t.request('POST', '/v1/wallets', { body: { agentId: `racer-${process.pid}-${round}`, label: 'Racer', policyId: policy.body.policy_id } }),
+        t.request('DELETE', `/v1/policies/${policy.body.policy_id}`),
+      ]);
+      if (created.status === 200) {
+        assert.equal(deleted.status, 422, 'a policy with a wallet is not deleted');
+        assert.equal(deleted.body.error.code, 'policy_in_use');
+        assert.equal((await t.request('GET', `/v1/wallets/${created.body.wallet_id}`)).status, 200, 'the wallet works');
+      } else {
+        assert.equal(deleted.status, 200, JSON.stringify(deleted.body));
+        assert.equal(created.body.error.code, 'policy_not_found');
+      }
+    }
+  });
 });

@@ -14,10 +14,12 @@ import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
+import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { newSessionAuthority, tokenMatches } from './session-token.ts';
 import type { Principal } from '../http/auth.ts';
+import { SpendingView } from '../payments/budgets.ts';
 
 export const WALLET_STATUSES = ['active', 'idle', 'policy_violation', 'frozen', 'unfunded', 'archived'] as const;
 export type WalletStatus = (typeof WALLET_STATUSES)[number];
@@ -41,6 +43,10 @@ export interface WalletRow {
   token_address: string;
   balance: bigint;
   chain_status: 'pending' | 'ready';
+  /** the last payment attempt was blocked by the policy, at this time (cleared by an accepted one) */
+  policy_violation_at: Date | null;
+  /** balance.low fires when a debit leaves the balance below it */
+  low_balance_threshold: bigint | null;
   session_public_key: string | null;
   session_expires_at: Date | null;
   auto_topup_enabled: boolean;
@@ -80,6 +86,7 @@ export const WalletView = Type.Object({
     max_per_tx: AMOUNT_OR_NULL, max_per_day: AMOUNT_OR_NULL, max_per_month: AMOUNT_OR_NULL,
   }),
   status: WalletStatusSchema,
+  low_balance_threshold: Type.Union([Type.String(), Type.Null()], { description: 'balance.low fires when the balance falls below it' }),
   tags: Type.Array(Type.String()),
   auto_topup: Type.Object({
     enabled: Type.Boolean(), trigger_below: AMOUNT_OR_NULL, topup_amount: AMOUNT_OR_NULL,
@@ -88,11 +95,50 @@ export const WalletView = Type.Object({
   created_at: Type.String(),
   updated_at: Type.String(),
   last_transaction_at: Type.Union([Type.String(), Type.Null()]),
+  /** GET of one wallet only: spent and remaining per policy window, and when each frees up */
+  spending: Type.Optional(SpendingView),
 });
 
 const orNull = (value: bigint | null): string | null => (value === null ? null : formatUsdc(value));
 
-export function walletView(row: WalletWithPolicy) {
+/** An active vault without a transaction for this long is `idle`. */
+export const IDLE_AFTER_MS = 7 * 24 * 3600 * 1000;
+
+type StatusFields = Pick<WalletRow, 'status' | 'policy_violation_at' | 'balance' | 'last_transaction_at' | 'created_at'>;
+
+/**
+ * The status a client sees (docs/wallets.md "Status"): the stored one (frozen, archived), or
+ * for an active vault, the first that holds of
+ * - `policy_violation`: its last payment attempt was blocked by its policy (until its next
+ *   accepted payment or a change of policy);
+ * - `unfunded`: it held money once (it has transactions) and its balance is now zero;
+ * - `idle`: no transaction for 7 days (from its creation when it never had one);
+ * - `active`.
+ */
+export function displayedStatus(row: StatusFields, nowMs: number): WalletStatus {
+  if (row.status !== 'active') return row.status;
+  if (row.policy_violation_at !== null) return 'policy_violation';
+  if (row.balance === 0n && row.last_transaction_at !== null) return 'unfunded';
+  if (nowMs - (row.last_transaction_at ?? row.created_at).getTime() >= IDLE_AFTER_MS) return 'idle';
+  return 'active';
+}
+
+/** The SQL condition selecting the wallets a client sees with `status` (the list filter); `$now` is the param index of the time. */
+export function statusCondition(status: WalletStatus, nowParam: number, alias = 'w'): string {
+  const a = alias;
+  const violation = `${a}.policy_violation_at IS NOT NULL`;
+  const unfunded = `(${a}.balance = 0 AND ${a}.last_transaction_at IS NOT NULL)`;
+  const idle = `COALESCE(${a}.last_transaction_at, ${a}.created_at) <= $${nowParam}::timestamptz - INTERVAL '${IDLE_AFTER_MS / 1000} seconds'`;
+  switch (status) {
+    case 'frozen': case 'archived': return `${a}.status = '${status}'`;
+    case 'policy_violation': return `${a}.status = 'active' AND ${violation}`;
+    case 'unfunded': return `${a}.status = 'active' AND NOT ${violation} AND ${unfunded}`;
+    case 'idle': return `${a}.status = 'active' AND NOT ${violation} AND NOT ${unfunded} AND ${idle}`;
+    case 'active': return `${a}.status = 'active' AND NOT ${violation} AND NOT ${unfunded} AND NOT (${idle})`;
+  }
+}
+
+export function walletView(row: WalletWithPolicy, nowMs: number) {
   return {
     wallet_id: row.id,
     chain_address: row.chain_address,
@@ -105,7 +151,8 @@ export function walletView(row: WalletWithPolicy) {
       max_per_tx: orNull(row.policy_max_per_tx), max_per_day: orNull(row.policy_max_per_day),
       max_per_month: orNull(row.policy_max_per_month),
     },
-    status: row.status as WalletStatus,
+    status: displayedStatus(row, nowMs),
+    low_balance_threshold: orNull(row.low_balance_threshold),
     tags: row.tags,
     auto_topup: {
       enabled: row.auto_topup_enabled,
@@ -151,8 +198,12 @@ export function assertNotArchived(wallet: Pick<WalletRow, 'id' | 'status'>): voi
   }
 }
 
+/**
+ * The policy exists, and stays so until the caller's transaction ends: the share lock makes a
+ * concurrent delete wait, then see the wallet attached (policy_in_use).
+ */
 async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string): Promise<void> {
-  const rows = await q.query('SELECT 1 FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL', [orgId, policyId]);
+  const rows = await q.query('SELECT 1 FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR SHARE', [orgId, policyId]);
   if (!rows.length) {
     throw new ServiceError('policy_not_found', `No policy ${policyId} in your organisation.`, { param: 'policy_id' });
   }
@@ -184,7 +235,7 @@ export interface CreateWalletInput {
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 
-export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletInput): Promise<WalletWithPolicy> {
+export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletInput, mark?: RecordMarker): Promise<WalletWithPolicy> {
   const nowMs = ctx.clock.nowMs();
   const tags = normaliseTags(input.tags);
   const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, input.agentId);
@@ -194,7 +245,10 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
       `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, created_at, updated_at)
        VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9, $9) ON CONFLICT (org_id, agent_id) DO NOTHING RETURNING id`,
       [newId('wal', nowMs), orgId, input.agentId, input.label, input.policyId, tags, vault, vaultToken, new Date(nowMs)]);
-    if (inserted[0]) return inserted[0].id;
+    if (inserted[0]) {
+      await mark?.(tx, inserted[0].id);
+      return inserted[0].id;
+    }
     const existing = await tx.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
     const row = existing[0]!;
     // A creation interrupted before its vault existed on chain is resumed by the same request.
@@ -206,6 +260,13 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
     }
     return row.id;
   });
+  return provisionedWallet(ctx, orgId, walletId);
+}
+
+/** The wallet once its vault exists on chain (created now when it does not yet). */
+export async function provisionedWallet(ctx: Ctx, orgId: string, walletId: string): Promise<WalletWithPolicy> {
+  const wallet = await getWallet(ctx.db, orgId, walletId);
+  if (wallet.provisioned_at !== null) return wallet;
   try {
     await syncWalletToChain(ctx, orgId, walletId);
   } catch (error) {
@@ -234,7 +295,10 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
   let vault = await ctx.chain.getVault(address(wallet.chain_address));
   if (!vault) {
     const created = await ctx.chain.execute([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
-    if (created.err) throw new Error(`creating vault ${wallet.chain_address} failed: ${created.err.name}`);
+    // AlreadyInitialized: another process (the request, or the wallets.sync job) created it first.
+    if (created.err && created.err.name !== 'AlreadyInitialized') {
+      throw new Error(`creating vault ${wallet.chain_address} failed: ${created.err.name}`);
+    }
     vault = await ctx.chain.getVault(address(wallet.chain_address));
     if (!vault) throw new Error(`vault ${wallet.chain_address} missing after creation`);
   }
@@ -292,6 +356,8 @@ export interface UpdateWalletInput {
   policyId?: string;
   tags?: string[];
   status?: 'active' | 'frozen';
+  /** null turns balance.low off */
+  lowBalanceThreshold?: bigint | null;
 }
 
 export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, input: UpdateWalletInput): Promise<WalletWithPolicy> {
@@ -309,9 +375,13 @@ export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, in
     const chainChange = next.policyId !== wallet.policy_id || next.status !== wallet.status;
     await tx.query(
       `UPDATE wallets SET label = $2, policy_id = $3, tags = $4, status = $5, updated_at = $6,
-         chain_status = CASE WHEN $7::boolean THEN 'pending' ELSE chain_status END
+         chain_status = CASE WHEN $7::boolean THEN 'pending' ELSE chain_status END,
+         policy_violation_at = CASE WHEN policy_id = $3 THEN policy_violation_at END,
+         low_balance_threshold = CASE WHEN $8::boolean THEN $9::bigint ELSE low_balance_threshold END,
+         low_balance_fired_at = CASE WHEN $8::boolean THEN NULL ELSE low_balance_fired_at END
        WHERE id = $1`,
-      [walletId, next.label, next.policyId, next.tags, next.status, new Date(nowMs), chainChange]);
+      [walletId, next.label, next.policyId, next.tags, next.status, new Date(nowMs), chainChange,
+        input.lowBalanceThreshold !== undefined, input.lowBalanceThreshold ?? null]);
     if (next.status !== wallet.status) {
       const frozen = next.status === 'frozen';
       await recordEvent(tx, nowMs, {

@@ -1,0 +1,93 @@
+/**
+ * Idempotency keys on the real database: replay, conflict, and what happens when the first
+ * request stops without answering (a crash, a lost reply): the key's lease runs out, and a
+ * retry answers with what was recorded — or runs again when nothing was.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { ServiceError } from '../errors/errors.ts';
+import { IDEMPOTENCY_LEASE_MS, IDEMPOTENCY_TTL_MS, purgeExpiredKeys, runIdempotent } from './idempotency.ts';
+
+describe('idempotency keys', () => {
+  let t: TestService;
+  let counter = 0;
+  before(async () => { t = await startTestService({ workers: false }); });
+  after(async () => { await t.close(); });
+
+  const op = (key: string, nowMs: number, extra: Record<string, unknown> = {}) => ({
+    orgId: t.orgId, key, operation: 'test.op', params: { a: 1 }, nowMs, ...extra,
+  });
+  const newKey = () => `key-${process.pid}-${(counter += 1)}`;
+
+  test('a replay answers the first answer; other parameters and a running first request are conflicts', async () => {
+    const key = newKey();
+    let runs = 0;
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => { release = resolve; });
+    const first = runIdempotent(t.service.ctx.db, op(key, 1_000), async () => {
+      runs += 1;
+      await gate;
+      return { status: 200, body: { n: runs } };
+    });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 2_000), async () => ({ status: 200, body: {} })),
+      (error: ServiceError) => error.code === 'idempotency_conflict' && /still being processed/.test(error.message));
+    release();
+    assert.deepEqual(await first, { status: 200, body: { n: 1 }, replayed: false });
+    assert.deepEqual(await runIdempotent(t.service.ctx.db, op(key, 3_000), async () => ({ status: 500, body: {} })),
+      { status: 200, body: { n: 1 }, replayed: true });
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 3_000, { params: { a: 2 } }), async () => ({ status: 200, body: {} })),
+      (error: ServiceError) => error.code === 'idempotency_conflict' && /other parameters/.test(error.message));
+    assert.equal(runs, 1);
+  });
+
+  test('a first request that recorded its work and then failed is answered from the record, never run twice', async () => {
+    const key = newKey();
+    let runs = 0;
+    const recover = async (resourceId: string) => ({ status: 200, body: { recovered: resourceId } });
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 10_000, { recover }), async (mark) => {
+      runs += 1;
+      await t.service.ctx.db.transaction(async (tx) => { await mark(tx, 'tx_recorded'); });
+      throw new Error('the process lost its database connection after the commit');
+    }), /lost its database connection/);
+    const retried = await runIdempotent(t.service.ctx.db, op(key, 10_001, { recover }), async () => {
+      runs += 1;
+      return { status: 200, body: { ranAgain: true } };
+    });
+    assert.deepEqual(retried, { status: 200, body: { recovered: 'tx_recorded' }, replayed: false });
+    assert.equal(runs, 1, 'the work ran once');
+    const replay = await runIdempotent(t.service.ctx.db, op(key, 10_002, { recover }), async () => ({ status: 500, body: {} }));
+    assert.equal(replay.replayed, true);
+  });
+
+  test('a first request that stopped before recording anything runs again once its lease is over', async () => {
+    const key = newKey();
+    // A request that never answers (its process died): its work never settles.
+    void runIdempotent(t.service.ctx.db, op(key, 100_000), () => new Promise(() => {}));
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 100_000 + IDEMPOTENCY_LEASE_MS - 1), async () => ({ status: 200, body: {} })),
+      (error: ServiceError) => error.code === 'idempotency_conflict', 'within the lease: still running');
+    const taken = await runIdempotent(t.service.ctx.db, op(key, 100_000 + IDEMPOTENCY_LEASE_MS), async () => ({ status: 200, body: { second: true } }));
+    assert.deepEqual(taken, { status: 200, body: { second: true }, replayed: false });
+  });
+
+  test('a recorded first request without a way to recover it keeps refusing the key', async () => {
+    const key = newKey();
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 200_000), async (mark) => {
+      await t.service.ctx.db.transaction(async (tx) => { await mark(tx, 'x'); });
+      throw new Error('crash');
+    }));
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 200_001), async () => ({ status: 200, body: {} })),
+      (error: ServiceError) => error.code === 'idempotency_conflict' && /new key/.test(error.message));
+  });
+
+  test('expired keys are purged and can be used again', async () => {
+    const key = newKey();
+    await runIdempotent(t.service.ctx.db, op(key, 300_000), async () => ({ status: 200, body: { first: true } }));
+    const purged = await purgeExpiredKeys(t.service.ctx.db, 300_000 + IDEMPOTENCY_TTL_MS);
+    assert.ok(purged >= 1, 'the expired key was purged');
+    const rows = await t.service.ctx.db.query('SELECT 1 FROM idempotency_keys WHERE org_id = $1 AND key = $2', [t.orgId, key]);
+    assert.equal(rows.length, 0);
+  });
+});

@@ -1,0 +1,233 @@
+/**
+ * The operator's CLI as operators run it: `node bin/agent-vault.js <command>` as a child
+ * process, on a data dir of its own. `migrate` twice, `org create`, `keys create|list|revoke`,
+ * then the service built on the same data dir (after the CLI exited: with PGlite one process
+ * owns a data dir) proves the printed keys work with their roles, and the revoked one fails.
+ *
+ * PGlite under the data dir by default; a fresh PostgreSQL database when DATABASE_URL is set.
+ * Every CLI start costs one to three seconds (tsx, then PGlite opening its files), so the
+ * commands are few and those that never open a database run in parallel.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import pg from 'pg';
+import pino from 'pino';
+import { loadConfig } from '../../src/config/config.ts';
+import { buildService } from '../../src/server.ts';
+
+const ROOT = join(import.meta.dirname, '..', '..');
+/** A CLI command that has not exited by then is hung, not slow. */
+const COMMAND_TIMEOUT_MS = 60_000;
+
+interface Outcome {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  ms: number;
+}
+
+/** The environment of one CLI run: ours, not whatever agent-vault settings the caller has. */
+function cliEnv(dataDir: string, databaseUrl: string | null): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const [name, value] of Object.entries(process.env)) {
+    if (value !== undefined && !name.startsWith('AGENT_VAULT_') && name !== 'DATABASE_URL') env[name] = value;
+  }
+  Object.assign(env, { AGENT_VAULT_DATA_DIR: dataDir, LOG_LEVEL: 'silent', AGENT_VAULT_SLOT_MS: '0' });
+  if (databaseUrl) env.DATABASE_URL = databaseUrl;
+  return env;
+}
+
+function runCli(args: string[], env: Record<string, string>): Promise<Outcome> {
+  const started = performance.now();
+  const child = spawn(process.execPath, [join(ROOT, 'bin', 'agent-vault.js'), ...args], { env, cwd: ROOT });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (chunk) => { stdout += chunk; });
+  child.stderr.on('data', (chunk) => { stderr += chunk; });
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`agent-vault ${args.join(' ')} did not exit:\n${stdout}${stderr}`));
+    }, COMMAND_TIMEOUT_MS);
+    child.on('error', (error) => { clearTimeout(timer); reject(error); });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr, ms: Math.round(performance.now() - started) });
+    });
+  });
+}
+
+/** A refusal as operators' scripts see it: exit status 2, nothing on stdout, one line on stderr, no stack. */
+function assertRefused(outcome: Outcome, command: string, message: RegExp): void {
+  const what = `agent-vault ${command}: ${JSON.stringify(outcome)}`;
+  assert.equal(outcome.code, 2, what);
+  assert.equal(outcome.stdout, '', what);
+  assert.match(outcome.stderr, new RegExp(`^agent-vault ${command.split(' ')[0]}: `), what);
+  assert.match(outcome.stderr, message, what);
+  assert.equal(outcome.stderr.trim().split('\n').length, 1, `one line: ${what}`);
+  assert.doesNotMatch(outcome.stderr, /\n\s+at /, `no stack trace: ${what}`);
+}
+
+/** A fresh PostgreSQL database when DATABASE_URL is set; null = PGlite under the data dir. */
+async function freshDatabase(): Promise<{ url: string | null; drop(): Promise<void> }> {
+  const base = process.env.DATABASE_URL;
+  if (!base) return { url: null, async drop() {} };
+  const name = `av_cli_${randomBytes(6).toString('hex')}`;
+  const run = async (sql: string) => {
+    const client = new pg.Client({ connectionString: base });
+    await client.connect();
+    try {
+      await client.query(sql);
+    } finally {
+      await client.end();
+    }
+  };
+  await run(`CREATE DATABASE ${name}`);
+  const url = new URL(base);
+  url.pathname = `/${name}`;
+  return { url: url.toString(), drop: () => run(`DROP DATABASE IF EXISTS ${name} WITH (FORCE)`) };
+}
+
+describe('agent-vault operator commands', () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'av-cli-'));
+  const emptyDir = mkdtempSync(join(tmpdir(), 'av-cli-empty-'));
+  let database: { url: string | null; drop(): Promise<void> };
+  let env: Record<string, string>;
+  const timings: string[] = [];
+  const cli = async (...args: string[]): Promise<Outcome> => {
+    const outcome = await runCli(args, env);
+    timings.push(`${args.slice(0, 2).join(' ')} ${outcome.ms} ms`);
+    return outcome;
+  };
+
+  before(async () => {
+    database = await freshDatabase();
+    env = cliEnv(dataDir, database.url);
+  });
+  after(async () => {
+    rmSync(dataDir, { recursive: true, force: true });
+    rmSync(emptyDir, { recursive: true, force: true });
+    await database?.drop();
+  });
+
+  test('bad arguments and a missing database: exit 2 with one clear line on stderr, nothing created', async () => {
+    // None of these opens a database, so they run side by side.
+    const emptyEnv = cliEnv(emptyDir, null);
+    const [noRole, noId, twoIds, unknownOption, noName, unknownSub, noDatabase, unknownCommand] = await Promise.all([
+      runCli(['keys', 'create'], env),
+      runCli(['keys', 'revoke'], env),
+      runCli(['keys', 'revoke', 'key_a', 'key_b'], env),
+      runCli(['keys', 'list', '--bogus'], env),
+      runCli(['org', 'create'], env),
+      runCli(['keys', 'rotate'], env),
+      runCli(['keys', 'list'], emptyEnv),
+      runCli(['frobnicate'], env),
+    ]);
+    assertRefused(noRole!, 'keys create', /expected: agent-vault keys create --role <role>/);
+    assertRefused(noId!, 'keys revoke', /expected: agent-vault keys revoke <api_key_id>/);
+    assertRefused(twoIds!, 'keys revoke', /expected: agent-vault keys revoke <api_key_id>/);
+    assertRefused(unknownOption!, 'keys list', /--bogus/);
+    assertRefused(noName!, 'org create', /expected: agent-vault org create --name <name>/);
+    assertRefused(unknownSub!, 'keys rotate', /expected: agent-vault keys create \| list \| revoke/);
+    // Pointing at the wrong data dir must not create an empty database there.
+    assertRefused(noDatabase!, 'keys list', /no database in .*run agent-vault migrate/);
+    assert.equal(existsSync(join(emptyDir, 'pglite')), false, 'no database was created');
+    assert.equal(unknownCommand!.code, 2);
+    assert.equal(unknownCommand!.stdout, '');
+    assert.match(unknownCommand!.stderr, /^unknown command "frobnicate"/);
+    assert.match(unknownCommand!.stderr, /keys create --role <role>/, 'the usage follows');
+  });
+
+  test('migrate applies every migration once; run again, it changes nothing', async () => {
+    const first = await cli('migrate');
+    assert.equal(first.code, 0, first.stderr);
+    assert.match(first.stdout, /^applied migrations 1, 2, 3(, \d+)*\n$/);
+    const again = await cli('migrate');
+    assert.equal(again.code, 0, again.stderr);
+    assert.equal(again.stdout, 'database is up to date\n');
+  });
+
+  test('org create and keys create/list/revoke: printed keys work with their roles, the revoked one fails', async (t) => {
+    const created = await cli('org', 'create', '--name', 'Acme Robotics');
+    assert.equal(created.code, 0, created.stderr);
+    const orgId = /^Created organisation (org_[0-9a-z]{26}) \("Acme Robotics"\)/.exec(created.stdout)?.[1];
+    const adminKey = /Admin API key \(shown once, store it now\):\n\n {2}(av_admin_[0-9A-Za-z]{32})\n/.exec(created.stdout)?.[1];
+    assert.ok(orgId && adminKey, `org create prints the organisation and its admin key:\n${created.stdout}`);
+
+    const createKey = async (...args: string[]) => {
+      const outcome = await cli('keys', 'create', ...args, '--org', orgId);
+      assert.equal(outcome.code, 0, outcome.stderr);
+      const match = new RegExp('^Created API key (key_[0-9a-z]{26}) \\((\\w+), "([^"]*)"\\) in organisation (org_\\w+)\\.\\n'
+        + 'API key \\(shown once, store it now\\):\\n\\n {2}(\\S+)\\n').exec(outcome.stdout);
+      assert.ok(match, `keys create prints the key once:\n${outcome.stdout}`);
+      assert.equal(match[4], orgId);
+      return { id: match[1]!, role: match[2]!, name: match[3]!, key: match[5]! };
+    };
+    const viewer = await createKey('--role', 'viewer', '--name', 'Dashboard');
+    assert.equal(viewer.role, 'viewer');
+    assert.equal(viewer.name, 'Dashboard');
+    assert.match(viewer.key, /^av_viewer_[0-9A-Za-z]{32}$/);
+    const operator = await createKey('--role', 'operator');
+    assert.equal(operator.name, 'operator key (CLI)', 'a key without --name gets one saying where it came from');
+
+    const revoked = await cli('keys', 'revoke', operator.id, '--org', orgId);
+    assert.equal(revoked.code, 0, revoked.stderr);
+    assert.match(revoked.stdout, new RegExp(`^API key ${operator.id} \\(operator, "operator key \\(CLI\\)"\\) `
+      + `of organisation ${orgId} is revoked since \\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\dZ\\.\\n$`));
+
+    const listed = await cli('keys', 'list', '--org', orgId);
+    assert.equal(listed.code, 0, listed.stderr);
+    const lines = listed.stdout.trimEnd().split('\n');
+    assert.equal(lines[0], `API keys of organisation ${orgId} ("Acme Robotics"), newest first:`);
+    assert.match(lines[1]!, /^ID +NAME +ROLE +KEY +CREATED +LAST USED +REVOKED$/);
+    const rows = lines.slice(2).map((line) => line.split(/ {2,}/));
+    assert.deepEqual(rows.map((row) => [row[0]!.startsWith('key_'), row[2]]), [[true, 'operator'], [true, 'viewer'], [true, 'admin']],
+      `three keys, newest first:\n${listed.stdout}`);
+    const [operatorRow, viewerRow, adminRow] = rows;
+    const shown = (key: string) => `${key.slice(0, key.lastIndexOf('_') + 5)}…${key.slice(-4)}`;
+    assert.deepEqual(operatorRow!.slice(0, 4), [operator.id, 'operator key (CLI)', 'operator', shown(operator.key)]);
+    assert.match(operatorRow![6]!, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/, 'the revoked key shows when');
+    assert.deepEqual(viewerRow!.slice(0, 4), [viewer.id, 'Dashboard', 'viewer', shown(viewer.key)]);
+    assert.deepEqual(viewerRow!.slice(5), ['-', '-'], 'never used, not revoked');
+    for (const secret of [adminKey, viewer.key, operator.key]) {
+      assert.ok(!listed.stdout.includes(secret), 'keys list never shows a key');
+    }
+
+    const lastAdmin = await cli('keys', 'revoke', adminRow![0]!, '--org', orgId);
+    assertRefused(lastAdmin, 'keys revoke', /last active admin key/);
+
+    // Now the service, on the same data dir and database.
+    const service = await buildService(loadConfig(env), { workers: false, scheduleJobs: false, logger: pino({ level: 'silent' }) });
+    try {
+      const request = async (method: 'GET' | 'POST', url: string, key: string, body?: unknown) => {
+        const response = await service.app.inject({
+          method, url, headers: { authorization: `Bearer ${key}` }, ...(body === undefined ? {} : { payload: body as object }),
+        });
+        return { status: response.statusCode, body: response.json() };
+      };
+      const org = await request('GET', '/v1/organization', adminKey);
+      assert.equal(org.status, 200, 'the admin key printed by org create works');
+      assert.equal(org.body.org_id, orgId);
+      const keys = await request('GET', '/v1/api-keys', adminKey);
+      assert.deepEqual(keys.body.data.map((k: { api_key_id: string }) => k.api_key_id), rows.map((row) => row[0]),
+        'the API lists what the CLI listed');
+      assert.equal(keys.body.data[2].revoked_at, null, 'the refused revocation left the admin key active');
+
+      assert.equal((await request('GET', '/v1/organization', viewer.key)).status, 200, 'the viewer key reads');
+      const write = await request('POST', '/v1/policies', viewer.key, { name: 'x' });
+      assert.equal(write.status, 403, 'the viewer key cannot write');
+      assert.equal(write.body.error.code, 'insufficient_permissions');
+      const gone = await request('GET', '/v1/organization', operator.key);
+      assert.equal(gone.status, 401, 'the revoked key fails');
+      assert.equal(gone.body.error.code, 'authentication_failed');
+    } finally {
+      await service.close();
+    }
+    t.diagnostic(`CLI runs: ${timings.join(', ')}`);
+  });
+});

@@ -1,0 +1,43 @@
+/**
+ * Set-up steps many tests share, made through the API as a user would: a policy, a funded
+ * wallet, a fresh recipient address.
+ */
+import assert from 'node:assert/strict';
+import { generateKeyPairSigner } from '@solana/kit';
+import type { TestService } from './harness.ts';
+
+let counter = 0;
+/** A name no other test of this process uses. */
+export const unique = (prefix: string) => `${prefix}-${process.pid}-${(counter += 1)}`;
+
+/** A chain address nobody holds. */
+export async function newRecipient(): Promise<string> {
+  return (await generateKeyPairSigner()).address;
+}
+
+export async function newPolicy(t: TestService, rules: Record<string, unknown>): Promise<string> {
+  const response = await t.request('POST', '/v1/policies', { body: { name: unique('policy'), ...rules } });
+  assert.equal(response.status, 200, JSON.stringify(response.body));
+  return response.body.policy_id;
+}
+
+export interface FundedWallet {
+  wallet_id: string;
+  chain_address: string;
+  token_account: string;
+}
+
+/** A wallet under `policyId` holding `balance` USDC, deposited into the reserve first. */
+export async function fundedWallet(t: TestService, balance: string, policyId = 'pol_permissive'): Promise<FundedWallet> {
+  const deposit = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: balance } });
+  assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
+  const wallet = await t.request('POST', '/v1/wallets', { body: { agentId: unique('agent'), label: 'Agent', policyId } });
+  assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
+  const funded = await t.request('POST', `/v1/wallets/${wallet.body.wallet_id}/fund`, { body: { amount: balance } });
+  assert.equal(funded.status, 200, JSON.stringify(funded.body));
+  return wallet.body as FundedWallet;
+}
+
+export async function balanceOf(t: TestService, walletId: string, key?: string): Promise<string> {
+  return (await t.request('GET', `/v1/wallets/${walletId}`, key ? { key } : {})).body.usdc_balance;
+}
