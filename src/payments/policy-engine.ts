@@ -13,7 +13,9 @@ export const HOUR_MS = 60 * 60 * 1000;
 export const DAY_MS = 24 * HOUR_MS;
 
 export type RuleName =
-  | 'expiry' | 'allowed_recipients' | 'blocked_categories' | 'max_per_tx' | 'velocity_cap' | 'max_per_day' | 'max_per_month';
+  | 'expiry' | 'allowed_recipients' | 'blocked_categories' | 'max_per_tx' | 'velocity_cap' | 'max_per_day' | 'max_per_month'
+  // never returned by evaluate: a co-signature refused or not given in time blocks the payment
+  | 'require_co_sign';
 
 export interface Violation {
   rule: RuleName;

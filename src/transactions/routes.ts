@@ -1,5 +1,166 @@
+/**
+ * The transaction index (SPEC.md "Transactions"): one transaction, the organisation's
+ * transactions and one wallet's, with filters. docs/transactions.md has the decisions.
+ */
+import { Type } from 'typebox';
+import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
+import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
+import { PageQuery, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
+import type { TransactionStatus, TransactionType } from './settlement.ts';
+import {
+  TransactionStatusSchema, TransactionTypeSchema, TransactionView, getTransaction, listTransactions, transactionView,
+  type TransactionFilter,
+} from './views.ts';
 
-// Routes of this feature are being written (issue 3); registered from src/http/routes.ts.
-export function transactionRoutes(_app: App, _ctx: AppContext): void {}
+const TxParams = Type.Object({ tx_id: Type.String({ maxLength: 64 }) });
+const WalletParams = Type.Object({ wallet_id: Type.String({ maxLength: 64 }) });
+const TIME_MAX_CHARS = 40;
+
+/** The filters both lists take (SPEC: status, from, to, type, limit, cursor). */
+const WalletListFields = {
+  ...PageQuery,
+  status: Type.Optional(TransactionStatusSchema),
+  type: Type.Optional(TransactionTypeSchema),
+  from: Type.Optional(Type.String({ maxLength: TIME_MAX_CHARS, description: 'ISO 8601, inclusive' })),
+  to: Type.Optional(Type.String({ maxLength: TIME_MAX_CHARS, description: 'ISO 8601, exclusive' })),
+};
+const WalletListQuery = Type.Object(WalletListFields, { additionalProperties: false });
+const OrganizationListQuery = Type.Object({
+  ...WalletListFields,
+  walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+  wallet_id: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'alias of walletId' })),
+  recipient: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'exact match' })),
+}, { additionalProperties: false });
+
+const ISO_8601 = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?(Z|[+-]\d{2}:\d{2}))?$/;
+
+/**
+ * A time bound of a list filter: a UTC date (its midnight) or a date-time with `Z` or an offset
+ * (a time without one would depend on the server's zone). Rows are stamped in whole
+ * milliseconds, so a bound with a finer fraction is rounded up: both `created_at >= from` and
+ * `created_at < to` then select exactly the rows the exact bound would.
+ */
+export function parseTimeBound(param: 'from' | 'to', raw: string): Date {
+  // An unencoded `+` in a query string arrives as a space: "…T10:00:00 02:00" meant "+02:00".
+  const text = raw.replace(/ (\d{2}:\d{2})$/, '+$1');
+  const match = ISO_8601.exec(text);
+  const refuse = () => invalidRequest(param, `${param} must be an ISO 8601 date ("2026-04-01") or date-time with a zone ("2026-04-01T10:00:00Z").`);
+  if (!match) throw refuse();
+  const [, year, month, day, hour = '0', minute = '0', second = '0', fraction = '', zone = 'Z'] = match;
+  const date = new Date(0);
+  date.setUTCFullYear(Number(year), Number(month) - 1, Number(day));
+  if (date.getUTCFullYear() !== Number(year) || date.getUTCMonth() !== Number(month) - 1 || date.getUTCDate() !== Number(day)
+    || Number(hour) > 23 || Number(minute) > 59 || Number(second) > 59) {
+    throw refuse();
+  }
+  let offsetMinutes = 0;
+  if (zone !== 'Z') {
+    const [zoneHours, zoneMinutes] = zone.slice(1).split(':').map(Number) as [number, number];
+    if (zoneHours > 23 || zoneMinutes > 59) throw refuse();
+    offsetMinutes = (zone.startsWith('-') ? -1 : 1) * (zoneHours * 60 + zoneMinutes);
+  }
+  const fractionMs = fraction ? Math.ceil(Number(`0.${fraction}`) * 1000 - 1e-9) : 0;
+  const ms = date.getTime() + ((Number(hour) * 60 + Number(minute) - offsetMinutes) * 60 + Number(second)) * 1000 + fractionMs;
+  return new Date(ms);
+}
+
+export interface ListQuery {
+  status?: TransactionStatus;
+  type?: TransactionType;
+  from?: string;
+  to?: string;
+  walletId?: string;
+  wallet_id?: string;
+  recipient?: string;
+}
+
+export function filterOf(query: ListQuery): TransactionFilter {
+  if (query.walletId !== undefined && query.wallet_id !== undefined) {
+    throw invalidRequest('wallet_id', 'Give walletId or wallet_id, not both.');
+  }
+  const filter: TransactionFilter = {};
+  const walletId = query.walletId ?? query.wallet_id;
+  if (walletId !== undefined) filter.walletId = walletId;
+  if (query.status !== undefined) filter.status = query.status;
+  if (query.type !== undefined) filter.type = query.type;
+  if (query.recipient !== undefined) filter.recipient = query.recipient;
+  if (query.from !== undefined) filter.from = parseTimeBound('from', query.from);
+  if (query.to !== undefined) filter.to = parseTimeBound('to', query.to);
+  if (filter.from && filter.to && filter.to.getTime() <= filter.from.getTime()) {
+    throw invalidRequest('to', 'to must be later than from (from is inclusive, to exclusive).');
+  }
+  return filter;
+}
+
+export function transactionRoutes(app: App, ctx: AppContext): void {
+  app.get('/v1/transactions/:tx_id', {
+    config: { permission: 'read' },
+    schema: {
+      tags: ['Transactions'], summary: 'A transaction of any type',
+      params: TxParams, response: { 200: TransactionView },
+    },
+  }, async (request) => {
+    const { orgId } = principalOf(request);
+    return transactionView(await getTransaction(ctx.db, orgId, request.params.tx_id), ctx);
+  });
+
+  app.get('/v1/payments/:tx_id', {
+    config: { permission: 'vault_read' },
+    schema: {
+      tags: ['Payments'], summary: 'A payment (any transaction id answers, with the same view as /v1/transactions/{tx_id})',
+      description: 'An `agent` key must send the `Session-Token` of the transaction\'s wallet.',
+      params: TxParams, response: { 200: TransactionView },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const row = await getTransaction(ctx.db, principal.orgId, request.params.tx_id);
+    if (principal.role === 'agent') {
+      // An agent polls the payments of the vault it holds the token for, and nothing else.
+      const wallet = row.wallet_id === null ? null : await getWallet(ctx.db, principal.orgId, row.wallet_id);
+      if (wallet === null) throw invalidSession();
+      assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
+    }
+    return transactionView(row, ctx);
+  });
+
+  app.get('/v1/transactions', {
+    config: { permission: 'read' },
+    schema: {
+      tags: ['Transactions'], summary: 'The organisation\'s transactions, newest first',
+      querystring: OrganizationListQuery, response: { 200: pageOf(TransactionView) },
+    },
+  }, async (request) => {
+    const { orgId } = principalOf(request);
+    const page = parsePageRequest(request.query);
+    const rows = await listTransactions(ctx.db, orgId, filterOf(request.query), page);
+    return toPage(rows, page, (row) => transactionView(row, ctx));
+  });
+
+  app.get('/v1/wallets/:wallet_id/transactions', {
+    config: { permission: 'vault_read' },
+    schema: {
+      tags: ['Transactions'], summary: 'One wallet\'s transactions, newest first',
+      description: 'An `agent` key must send the wallet\'s `Session-Token` header.',
+      params: WalletParams, querystring: WalletListQuery, response: { 200: pageOf(TransactionView) },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
+    assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
+    const page = parsePageRequest(request.query);
+    const rows = await listTransactions(ctx.db, principal.orgId, { ...filterOf(request.query), walletId: wallet.id }, page);
+    return toPage(rows, page, (row) => transactionView(row, ctx));
+  });
+}
+
+function sessionTokenOf(headers: Record<string, string | string[] | undefined>): string | undefined {
+  const value = headers['session-token'];
+  return typeof value === 'string' ? value : undefined;
+}
+
+function invalidSession() {
+  return new ServiceError('session_token_invalid', 'This transaction belongs to no wallet an agent key can act on.');
+}

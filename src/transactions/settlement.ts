@@ -18,6 +18,9 @@ import type { AppContext } from '../http/context.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 
+/** The memo of a funding made by auto-topup (its `wallet.funded` says `source: auto_topup`). */
+export const AUTO_TOPUP_MEMO = 'auto-topup';
+
 export type TransactionType =
   | 'payment' | 'funding' | 'withdrawal' | 'a2a_send' | 'a2a_receive' | 'escrow_lock' | 'escrow_release' | 'escrow_refund';
 export type TransactionStatus = 'pending' | 'confirmed' | 'blocked' | 'failed';
@@ -41,6 +44,7 @@ export interface TransactionRow {
   on_chain_slot: bigint | null;
   failure_reason: string | null;
   batch_id: string | null;
+  escrow_id: string | null;
   created_at: Date;
   updated_at: Date;
   settled_at: Date | null;
@@ -61,16 +65,33 @@ export interface NewTransaction {
   signature: string | null;
   lastValidBlockHeight: bigint | null;
   batchId?: string | null;
+  /** the escrow an escrow or A2A transaction belongs to */
+  escrowId?: string | null;
+  /** a payment's resolved recipient address and category */
+  recipientAddress?: string | null;
+  category?: string | null;
+  policyTriggered?: boolean;
+  /** co-signature state (JSON) and when it lapses */
+  approval?: unknown;
+  approvalExpiresAt?: Date | null;
+  /** when the amount started counting toward the policy windows (ms of the service clock) */
+  spendAtMs?: number | null;
+  /** the rule a blocked spend broke */
+  violation?: unknown;
 }
 
 export async function insertTransaction(tx: Queryable, nowMs: number, t: NewTransaction): Promise<TransactionRow> {
   const now = new Date(nowMs);
   const rows = await tx.query<TransactionRow>(
     `INSERT INTO transactions (id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
-       tx_signature, last_valid_block_height, batch_id, created_at, updated_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14) RETURNING *`,
+       tx_signature, last_valid_block_height, batch_id, escrow_id, created_at, updated_at,
+       recipient_address, category, policy_triggered, approval, approval_expires_at, spend_at_ms, violation)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15, $16, $17, $18, $19, $20, $21, $22) RETURNING *`,
     [t.id ?? newId('tx', nowMs), t.orgId, t.walletId, t.type, t.status ?? 'pending', t.amount, t.recipient, t.policyId ?? null,
-      t.memo ?? null, t.attestationHash ?? null, t.signature, t.lastValidBlockHeight, t.batchId ?? null, now]);
+      t.memo ?? null, t.attestationHash ?? null, t.signature, t.lastValidBlockHeight, t.batchId ?? null, t.escrowId ?? null, now,
+      t.recipientAddress ?? null, t.category ?? null, t.policyTriggered ?? false,
+      t.approval === undefined || t.approval === null ? null : JSON.stringify(t.approval), t.approvalExpiresAt ?? null, t.spendAtMs ?? null,
+      t.violation === undefined || t.violation === null ? null : JSON.stringify(t.violation)]);
   return rows[0]!;
 }
 
@@ -102,7 +123,7 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
         orgId: row.org_id, type: 'wallet.funded', walletId: row.wallet_id,
         summary: `Wallet funded with ${formatUsdc(row.amount)} USDC from the reserve`,
         payload: {
-          wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), source: 'reserve',
+          wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), source: row.memo === AUTO_TOPUP_MEMO ? 'auto_topup' : 'reserve',
           usdc_balance: formatUsdc(balance), tx_signature: row.tx_signature, on_chain_slot: Number(row.on_chain_slot),
           ...(row.batch_id ? { batch_id: row.batch_id } : {}),
         },
@@ -177,6 +198,12 @@ export async function awaitSettlement(
   return outcome;
 }
 
+/**
+ * A transaction never seen is declared expired only this many blocks after its last valid
+ * height: one that landed in its very last valid block may take a moment to show its status.
+ */
+export const EXPIRY_MARGIN_BLOCKS = 32n;
+
 /** A pending row younger than this is left to the request that is still waiting for it. */
 export const RECONCILE_GRACE_MS = 10_000;
 const RECONCILE_BATCH_MAX = 500;
@@ -204,7 +231,7 @@ export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'c
       const outcome = outcomes[index];
       if (outcome) {
         settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature, outcome)).length;
-      } else if (row.last_valid_block_height !== null && blockHeight > row.last_valid_block_height) {
+      } else if (row.last_valid_block_height !== null && blockHeight > row.last_valid_block_height + EXPIRY_MARGIN_BLOCKS) {
         settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature,
           { slot: null, err: { name: 'Expired' } })).length;
       }

@@ -1,0 +1,356 @@
+/**
+ * Payments through HTTP, on the real database and the embedded validator: every rule and error,
+ * co-signatures, preflight, session tokens, idempotency, and zero overshoot under concurrency.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { address } from '@solana/kit';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { balanceOf, fundedWallet, newPolicy, newRecipient, unique } from '../../test/fixtures.ts';
+import { requestHash } from '../http/idempotency.ts';
+
+async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
+  const rows = await t.service.ctx.db.query(
+    `SELECT 1 FROM transactions WHERE wallet_id = $1 AND type = 'payment' ${status ? 'AND status = $2' : ''}`,
+    status ? [walletId, status] : [walletId]);
+  return rows.length;
+}
+
+/** Σ of confirmed payments + balance = what was funded, and the vault on chain holds the index's balance. */
+async function assertVaultConsistent(t: TestService, walletId: string, funded: bigint): Promise<void> {
+  const { db, chain } = t.service.ctx;
+  const [wallet] = await db.query<{ balance: bigint; token_address: string }>('SELECT balance, token_address FROM wallets WHERE id = $1', [walletId]);
+  const [paid] = await db.query<{ total: bigint }>(
+    `SELECT COALESCE(SUM(amount), 0)::bigint AS total FROM transactions WHERE wallet_id = $1 AND type = 'payment' AND status IN ('confirmed', 'pending')`, [walletId]);
+  assert.equal(wallet!.balance + paid!.total, funded, 'balance + paid = funded');
+  assert.ok(wallet!.balance >= 0n, 'never negative');
+  assert.equal(await chain.getTokenBalance(address(wallet!.token_address)), wallet!.balance, 'index = chain');
+}
+
+describe('payments', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  test('a payment is checked, sent, confirmed in one slot and lands in the recipient\'s token account', async () => {
+    const wallet = await fundedWallet(t, '50');
+    const to = await newRecipient();
+    const paid = await t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to, amount: '12.5', currency: 'USDC', memo: 'GPU hour' },
+    });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    assert.equal(paid.body.status, 'confirmed');
+    assert.equal(paid.body.amount, '12.50');
+    assert.equal(paid.body.recipient, to);
+    assert.equal(paid.body.memo, 'GPU hour');
+    assert.equal(paid.body.policy_triggered, false);
+    assert.match(paid.body.agent_attestation_hash, /^sha256:[0-9a-f]{64}$/);
+    assert.equal(typeof paid.body.on_chain_slot, 'number');
+    assert.equal(paid.body.signature, paid.body.tx_signature);
+    assert.equal(await t.service.ctx.chain.getUsdcBalance(address(to)), 12_500_000n);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '37.50');
+    const events = await t.service.ctx.db.query<{ type: string; payload: Record<string, unknown> }>(
+      `SELECT type, payload FROM events WHERE wallet_id = $1 AND type LIKE 'transaction.%' ORDER BY id`, [wallet.wallet_id]);
+    assert.deepEqual(events.map((e) => e.type), ['transaction.pending', 'transaction.completed']);
+    assert.equal(events[1]!.payload.tx_signature, paid.body.tx_signature);
+    const read = await t.request('GET', `/v1/payments/${paid.body.tx_id}`);
+    assert.equal(read.body.status, 'confirmed');
+    assert.equal(read.body.type, 'payment');
+    await assertVaultConsistent(t, wallet.wallet_id, 50_000_000n);
+  });
+
+  test('the getting-started alias pays from the wallet in the path', async () => {
+    const wallet = await fundedWallet(t, '5');
+    const paid = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/pay`, {
+      body: { to: await newRecipient(), amount: '1', currency: 'USDC', memo: 'x' },
+    });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    assert.equal(paid.body.status, 'confirmed');
+    assert.match(paid.body.signature, /^[1-9A-HJ-NP-Za-km-z]{64,88}$/);
+  });
+
+  test('every refusal that records nothing leaves balances and records unchanged', async () => {
+    const wallet = await fundedWallet(t, '5');
+    const frozen = await fundedWallet(t, '1');
+    await t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { body: { status: 'frozen' } });
+    const to = await newRecipient();
+    const cases: Array<[string, Record<string, unknown>, number, string]> = [
+      [wallet.wallet_id, { amount: '0' }, 400, 'invalid_amount'],
+      [wallet.wallet_id, { amount: '-1' }, 400, 'invalid_amount'],
+      [wallet.wallet_id, { amount: '1.1234567' }, 400, 'invalid_amount'],
+      [wallet.wallet_id, { currency: 'EUR' }, 400, 'invalid_currency'],
+      [wallet.wallet_id, { to: 'not an address' }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: 'unknown-shop.example' }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { amount: '5.000001' }, 422, 'wallet_insufficient_balance'],
+      [frozen.wallet_id, {}, 422, 'wallet_frozen'],
+      ['wal_missing', {}, 404, 'wallet_not_found'],
+    ];
+    for (const [walletId, override, status, code] of cases) {
+      const response = await t.request('POST', '/v1/payments', {
+        body: { walletId, to, amount: '1', currency: 'USDC', ...override },
+      });
+      assert.equal(response.status, status, `${code}: ${JSON.stringify(response.body)}`);
+      assert.equal(response.body.error.code, code);
+    }
+    assert.equal(await balanceOf(t, wallet.wallet_id), '5.00');
+    assert.equal(await balanceOf(t, frozen.wallet_id), '1.00');
+    assert.equal(await countRows(t, wallet.wallet_id), 0);
+    assert.equal(await countRows(t, frozen.wallet_id), 0);
+    const missingField = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1' } });
+    assert.equal(missingField.body.error.code, 'invalid_request');
+    assert.equal(missingField.body.error.param, 'currency');
+  });
+
+  test('a policy violation is 402 with the rule, recorded blocked, evented, and counts toward nothing', async () => {
+    const policyId = await newPolicy(t, { maxPerTx: '2', maxPerDay: '3' });
+    const wallet = await fundedWallet(t, '10', policyId);
+    const to = await newRecipient();
+    const blocked = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '2.5', currency: 'USDC' } });
+    assert.equal(blocked.status, 402);
+    assert.equal(blocked.body.error.code, 'policy_violation');
+    assert.deepEqual(blocked.body.error.violation, { rule: 'max_per_tx', limit: '2.00', attempted: '2.50' });
+    assert.equal(blocked.body.error.wallet_id, wallet.wallet_id);
+    assert.equal(blocked.body.error.policy_id, policyId);
+    const record = await t.request('GET', `/v1/transactions/${blocked.body.error.tx_id}`);
+    assert.equal(record.body.status, 'blocked');
+    assert.equal(record.body.policy_triggered, true);
+    assert.equal(record.body.tx_signature, null, 'nothing was sent');
+    const events = await t.service.ctx.db.query<{ payload: Record<string, unknown>; severity: string }>(
+      `SELECT payload, severity FROM events WHERE wallet_id = $1 AND type = 'transaction.blocked'`, [wallet.wallet_id]);
+    assert.equal(events.length, 1);
+    assert.equal(events[0]!.severity, 'warning');
+    assert.equal(events[0]!.payload.attempted_amount, '2.50');
+    assert.deepEqual(events[0]!.payload.violation, { rule: 'max_per_tx', limit: '2.00', attempted: '2.50' });
+    assert.equal(await balanceOf(t, wallet.wallet_id), '10.00');
+    const listed = async (status: string) => (await t.request('GET', `/v1/wallets?status=${status}&limit=100`)).body.data
+      .some((w: { wallet_id: string }) => w.wallet_id === wallet.wallet_id);
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.status, 'policy_violation');
+    assert.equal(await listed('policy_violation'), true, 'listed under policy_violation');
+    assert.equal(await listed('active'), false, 'not listed as active');
+    // The blocked attempt used none of the day's 3.00.
+    for (const amount of ['2', '1']) {
+      const ok = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount, currency: 'USDC' } });
+      assert.equal(ok.status, 200, JSON.stringify(ok.body));
+    }
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.status, 'active', 'an accepted payment clears it');
+    assert.equal(await listed('active'), true, 'listed as active again');
+    const over = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '0.01', currency: 'USDC' } });
+    assert.deepEqual(over.body.error.violation, { rule: 'max_per_day', limit: '3.00', attempted: '3.01' });
+    const relaxed = await newPolicy(t, { maxPerDay: '100' });
+    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { policyId: relaxed } });
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.status, 'active', 'a new policy clears it');
+    await assertVaultConsistent(t, wallet.wallet_id, 10_000_000n);
+  });
+
+  test('the rolling 24 hours frees the day budget exactly 24 hours after each spend', async () => {
+    const policyId = await newPolicy(t, { maxPerDay: '1' });
+    const wallet = await fundedWallet(t, '5', policyId);
+    const to = await newRecipient();
+    const pay = (amount: string) => t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount, currency: 'USDC' } });
+    assert.equal((await pay('1')).status, 200);
+    assert.equal((await pay('0.000001')).status, 402);
+    const spending = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '1' } });
+    assert.equal(spending.body.allowed, false);
+    assert.equal(spending.body.reason, 'policy_violation');
+    assert.equal(spending.body.spending.day.remaining, '0.00');
+    const freesAt = Date.parse(spending.body.spending.day.frees_at);
+    const now = Date.parse((await t.request('GET', '/v1/test_helpers/clock')).body.now);
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: Math.ceil((freesAt - now) / 1000) + 1 } });
+    assert.equal((await pay('1')).status, 200, 'the day budget is back');
+  });
+
+  test('allowed recipients and blocked categories through the recipient directory', async () => {
+    const shop = await newRecipient();
+    const casino = await newRecipient();
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: 'shop.example', address: shop, category: 'compute' } })).status, 200);
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: 'casino.example', address: casino, category: 'gambling' } })).status, 200);
+    const policyId = await newPolicy(t, { allowedRecipients: ['shop.example', 'casino.example'], blockedCategories: ['gambling'] });
+    const wallet = await fundedWallet(t, '5', policyId);
+    const pay = (to: string, extra: Record<string, unknown> = {}) =>
+      t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC', ...extra } });
+    const ok = await pay('SHOP.example');
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+    assert.equal(await t.service.ctx.chain.getUsdcBalance(address(shop)), 1_000_000n, 'the domain resolved to its address');
+    const stranger = await pay(await newRecipient());
+    assert.equal(stranger.body.error.violation.rule, 'allowed_recipients');
+    const gambling = await pay('casino.example');
+    assert.deepEqual(gambling.body.error.violation, { rule: 'blocked_categories', limit: 'gambling', attempted: 'gambling' });
+  });
+
+  test('above the co-sign threshold a payment waits for an operator; approve sends it, reject blocks it', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '3' });
+    const wallet = await fundedWallet(t, '20', policyId);
+    const to = await newRecipient();
+    const small = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '3', currency: 'USDC' } });
+    assert.equal(small.body.status, 'confirmed', 'at the threshold: no co-signature');
+    const big = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '4', currency: 'USDC' } });
+    assert.equal(big.status, 200);
+    assert.equal(big.body.status, 'pending');
+    assert.equal(big.body.approval.required, true);
+    assert.equal(big.body.approval.status, 'awaiting');
+    assert.equal(big.body.tx_signature, null);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '17.00', 'nothing is taken before approval');
+    const eventsOf = async (txId: string) => (await t.service.ctx.db.query<{ type: string }>(
+      `SELECT type FROM events WHERE payload->>'tx_id' = $1 ORDER BY created_at, id`, [txId])).map((e) => e.type);
+    assert.deepEqual(await eventsOf(big.body.tx_id), [], 'nothing is submitted while it awaits');
+    const viewer = await t.createKey('viewer');
+    assert.equal((await t.request('POST', `/v1/payments/${big.body.tx_id}/approve`, { key: viewer })).status, 403);
+    const approved = await t.request('POST', `/v1/payments/${big.body.tx_id}/approve`, { key: await t.createKey('operator') });
+    assert.equal(approved.status, 200, JSON.stringify(approved.body));
+    assert.equal(approved.body.status, 'confirmed');
+    assert.equal(approved.body.approval.status, 'approved');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '13.00');
+    assert.deepEqual(await eventsOf(big.body.tx_id), ['transaction.pending', 'transaction.completed'], 'submitted at approval');
+    const again = await t.request('POST', `/v1/payments/${big.body.tx_id}/approve`);
+    assert.equal(again.status, 400, 'a decided payment cannot be approved twice');
+
+    const refused = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '5', currency: 'USDC' } });
+    const rejected = await t.request('POST', `/v1/payments/${refused.body.tx_id}/reject`);
+    assert.equal(rejected.body.status, 'blocked');
+    assert.equal(rejected.body.approval.status, 'rejected');
+    assert.equal(rejected.body.violation.rule, 'require_co_sign');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '13.00');
+
+    const late = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '4', currency: 'USDC' } });
+    const forgotten = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '6', currency: 'USDC' } });
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 24 * 3600 + 1 } });
+    const tooLate = await t.request('POST', `/v1/payments/${late.body.tx_id}/approve`);
+    assert.equal(tooLate.status, 400, 'past its expiry, before the job ran: not approved');
+    assert.match(tooLate.body.error.message, /past its expiry/);
+    const lateView = await t.request('GET', `/v1/transactions/${late.body.tx_id}`);
+    assert.equal(lateView.body.status, 'blocked');
+    assert.equal(lateView.body.approval.status, 'expired');
+    await t.service.jobs.runOnce();
+    const expired = await t.request('GET', `/v1/transactions/${forgotten.body.tx_id}`);
+    assert.equal(expired.body.status, 'blocked');
+    assert.equal(expired.body.approval.status, 'expired');
+    await assertVaultConsistent(t, wallet.wallet_id, 20_000_000n);
+  });
+
+  test('an agent key pays only with its vault\'s current session token', async () => {
+    const wallet = await fundedWallet(t, '3');
+    const agentKey = await t.createKey('agent');
+    const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' };
+    const without = await t.request('POST', '/v1/payments', { key: agentKey, body });
+    assert.equal(without.status, 403);
+    assert.equal(without.body.error.code, 'session_token_invalid');
+    const token = (await t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { body: { ttlSeconds: 600 } })).body.session_token;
+    const paid = await t.request('POST', '/v1/payments', { key: agentKey, body, headers: { 'session-token': token } });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    const viewer = await t.createKey('viewer');
+    assert.equal((await t.request('POST', '/v1/payments', { key: viewer, body })).status, 403);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '2.00');
+  });
+
+  test('the preflight check answers without recording anything', async () => {
+    const policyId = await newPolicy(t, { maxPerTx: '2', maxPerDay: '10', maxPerMonth: '100', velocityCap: 5 });
+    const wallet = await fundedWallet(t, '3', policyId);
+    const to = await newRecipient();
+    const allowed = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '2' } });
+    assert.equal(allowed.status, 200, JSON.stringify(allowed.body));
+    assert.equal(allowed.body.allowed, true);
+    assert.deepEqual(allowed.body.spending.day, { limit: '10.00', spent: '0.00', remaining: '10.00', frees_at: null });
+    assert.equal(allowed.body.spending.hour.remaining, 5);
+    const denied = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '3' } });
+    assert.equal(denied.body.allowed, false);
+    assert.equal(denied.body.violation.rule, 'max_per_tx');
+    assert.equal(await countRows(t, wallet.wallet_id), 0);
+    await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1.5', currency: 'USDC' } });
+    const after = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '2' } });
+    assert.equal(after.body.reason, 'wallet_insufficient_balance');
+    assert.equal(after.body.spending.day.spent, '1.50');
+    assert.equal(after.body.spending.hour.count, 1);
+    assert.ok(after.body.spending.day.frees_at, 'the day frees up 24 h after the spend');
+  });
+
+  test('a payment can answer before confirmation; it settles all the same', async () => {
+    const wallet = await fundedWallet(t, '2');
+    const paid = await t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', waitForConfirmation: false },
+    });
+    assert.equal(paid.status, 200);
+    assert.ok(['pending', 'confirmed'].includes(paid.body.status), paid.body.status);
+    assert.ok(paid.body.tx_signature, 'the signature is known before confirmation');
+    const outcome = await t.service.ctx.chain.waitForOutcome(paid.body.tx_signature);
+    assert.equal(outcome.err, null);
+    await t.service.jobs.runOnce();
+    for (let i = 0; i < 50 && (await t.request('GET', `/v1/payments/${paid.body.tx_id}`)).body.status === 'pending'; i += 1) {
+      await t.service.jobs.runOnce();
+    }
+    assert.equal((await t.request('GET', `/v1/payments/${paid.body.tx_id}`)).body.status, 'confirmed');
+  });
+});
+
+describe('payments under concurrency', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  const burst = (walletId: string, n: number, amount: string, extra: Record<string, unknown> = {}) =>
+    Promise.all(Array.from({ length: n }, async () => t.request('POST', '/v1/payments', {
+      body: { walletId, to: await newRecipient(), amount, currency: 'USDC', ...extra },
+    })));
+
+  test('50 concurrent payments against a balance that covers exactly 17: exactly 17 succeed', async () => {
+    const wallet = await fundedWallet(t, '17');
+    const responses = await burst(wallet.wallet_id, 50, '1');
+    assert.equal(responses.filter((r) => r.status === 200).length, 17);
+    assert.deepEqual(new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code)), new Set(['wallet_insufficient_balance']));
+    assert.equal(await balanceOf(t, wallet.wallet_id), '0.00');
+    await assertVaultConsistent(t, wallet.wallet_id, 17_000_000n);
+  });
+
+  test('at the edge of the daily, monthly and hourly limits: zero overshoot', async () => {
+    for (const [rules, rule] of [
+      [{ maxPerDay: '7' }, 'max_per_day'],
+      [{ maxPerMonth: '7' }, 'max_per_month'],
+      [{ velocityCap: 7 }, 'velocity_cap'],
+    ] as const) {
+      const wallet = await fundedWallet(t, '30', await newPolicy(t, rules));
+      const responses = await burst(wallet.wallet_id, 25, '1');
+      assert.equal(responses.filter((r) => r.status === 200).length, 7, rule);
+      assert.deepEqual(new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.violation?.rule)), new Set([rule]));
+      assert.equal(await countRows(t, wallet.wallet_id, 'blocked'), 18);
+      await assertVaultConsistent(t, wallet.wallet_id, 30_000_000n);
+    }
+  });
+
+  test('20 concurrent identical idempotent requests make one payment', async () => {
+    const wallet = await fundedWallet(t, '10');
+    const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', idempotencyKey: unique('pay') };
+    const responses = await Promise.all(Array.from({ length: 20 }, () => t.request('POST', '/v1/payments', { body })));
+    const ok = responses.filter((r) => r.status === 200);
+    assert.ok(ok.length >= 1, 'one answered with the payment');
+    assert.equal(new Set(ok.map((r) => r.body.tx_id)).size, 1);
+    assert.deepEqual(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code).filter((c) => c !== 'idempotency_conflict'), []);
+    assert.equal(await countRows(t, wallet.wallet_id), 1);
+    const replay = await t.request('POST', '/v1/payments', { body });
+    assert.equal(replay.headers['idempotency-replayed'], 'true');
+    assert.equal(replay.body.tx_id, ok[0]!.body.tx_id);
+    const conflict = await t.request('POST', '/v1/payments', { body: { ...body, amount: '2' } });
+    assert.equal(conflict.status, 409);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '9.00');
+  });
+
+  test('a retry after the first request stopped without answering returns the payment it recorded', async () => {
+    const wallet = await fundedWallet(t, '5');
+    const key = unique('crashed');
+    const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' };
+    const paid = await t.request('POST', '/v1/payments', { body });
+    // As a process killed after recording leaves it: running, lease over, the payment named.
+    const hash = requestHash('payments.create', {
+      walletId: body.walletId, to: body.to, amount: 1_000_000n, memo: null, category: null, currency: 'USDC',
+    });
+    const nowMs = t.service.ctx.clock.nowMs();
+    await t.service.ctx.db.query(
+      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until, resource_id)
+       VALUES ($1, $2, $3, 'running', $4, $5, $4, $6)`,
+      [t.orgId, key, hash, new Date(nowMs - 1), new Date(nowMs + 3_600_000), paid.body.tx_id]);
+    const retried = await t.request('POST', '/v1/payments', { body, headers: { 'idempotency-key': key } });
+    assert.equal(retried.status, 200, JSON.stringify(retried.body));
+    assert.equal(retried.body.tx_id, paid.body.tx_id, 'the recorded payment, not a new one');
+    assert.equal(retried.body.status, 'confirmed');
+    assert.equal(await countRows(t, wallet.wallet_id), 1);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+  });
+});

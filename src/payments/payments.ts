@@ -1,0 +1,400 @@
+/**
+ * Paying: an agent's vault pays a recipient. The policy decides before anything reaches the
+ * chain; the chain settles; nothing is paid twice and no vault is overspent.
+ *
+ * The flow (DESIGN §5): resolve the recipient; sign the pay instruction (its signature is known
+ * before anything is sent); under the wallet's row lock check frozen, the policy against the
+ * spend windows at this instant, and the balance; record the payment `pending`, debit the
+ * balance and count the spend; commit; send; settle from the chain's outcome. A refused payment
+ * is recorded `blocked` with its violation and `transaction.blocked`, and nothing is sent.
+ *
+ * A payment above the policy's `requireCoSign` is recorded `pending` awaiting an approval; it is
+ * checked again, debited and sent only when an admin or operator approves it.
+ */
+import { createHash } from 'node:crypto';
+import type { Instruction } from '@solana/kit';
+import { address } from '@solana/kit';
+import { alertLargeTransaction, alertPolicyViolation } from '../automation/automation.ts';
+import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
+import type { Queryable } from '../db/database.ts';
+import { ServiceError } from '../errors/errors.ts';
+import { recordEvent } from '../events/events.ts';
+import type { AppContext } from '../http/context.ts';
+import { canonicalJson, type RecordMarker } from '../http/idempotency.ts';
+import { newId } from '../ids/ids.ts';
+import { formatUsdc } from '../money/money.ts';
+import { findPolicy, rulesOf } from '../policies/policies.ts';
+import { resolveRecipient, type ResolvedRecipient } from '../recipients/recipients.ts';
+import {
+  awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
+} from '../transactions/settlement.ts';
+import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
+import { evaluate, type Violation } from './policy-engine.ts';
+import { saveSpendWindows, spendStateOf, spendWindowsAt, withSpend, withdrawSpend } from './spend-state.ts';
+
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
+
+/** Memos are stored off chain (the attestation hash commits to them). */
+export const MEMO_MAX_CHARS = 500;
+/** How long a payment waits for its co-signature before it is blocked. */
+export const APPROVAL_TTL_MS = 24 * 60 * 60 * 1000;
+/** How long a request waits for the chain before answering `pending`. */
+export const PAYMENT_WAIT_MS = 20_000;
+
+export interface PaymentInput {
+  walletId: string;
+  to: string;
+  amount: bigint;
+  memo: string | null;
+  category: string | null;
+}
+
+export interface PaymentOutcome {
+  row: TransactionRow;
+  /** when the payment was refused by the policy (the row is `blocked`) */
+  violation: Violation | null;
+}
+
+/** `sha256:<hex>` of the canonical JSON of the payment intent as sent (DESIGN §6). */
+export function attestationHashOf(intent: {
+  walletId: string; recipient: string; amount: bigint; currency: string; memo: string | null; category: string | null; atMs: number;
+}): string {
+  const canonical = canonicalJson({
+    wallet: intent.walletId, recipient: intent.recipient, amount: formatUsdc(intent.amount), currency: intent.currency,
+    memo: intent.memo, category: intent.category, time: new Date(intent.atMs).toISOString(),
+  });
+  return `sha256:${createHash('sha256').update(canonical).digest('hex')}`;
+}
+
+function attestationBytes(hash: string): Uint8Array {
+  return new Uint8Array(Buffer.from(hash.slice('sha256:'.length), 'hex'));
+}
+
+async function payInstructions(ctx: Ctx, wallet: WalletRow, txId: string, recipient: string, amount: bigint, attestation: string): Promise<Instruction[]> {
+  return [
+    referenceMemoIx(txId),
+    await ctx.chain.payIx({
+      orgId: wallet.org_id, agentId: wallet.agent_id, policyId: wallet.policy_id, recipient: address(recipient),
+      amount, attestation: attestationBytes(attestation),
+    }),
+  ];
+}
+
+export async function rulesFor(q: Queryable, wallet: WalletRow) {
+  const policy = await findPolicy(q, wallet.org_id, wallet.policy_id);
+  if (!policy) throw new Error(`wallet ${wallet.id} has no policy ${wallet.policy_id}`);
+  return rulesOf(policy);
+}
+
+function violationError(walletId: string, policyId: string, violation: Violation): ServiceError {
+  return new ServiceError('policy_violation', `The payment breaks the ${violation.rule} rule of policy ${policyId}.`,
+    { violation, wallet_id: walletId, policy_id: policyId });
+}
+
+/**
+ * Records a spend the policy refused (a payment, or an escrow's `a2a_send`): `blocked`, with its
+ * violation, the vault marked as in violation, and `transaction.blocked`.
+ */
+export async function recordBlocked(
+  tx: Queryable, nowMs: number, wallet: WalletRow, input: PaymentInput, recipient: ResolvedRecipient, attestation: string,
+  violation: Violation, txId?: string, type: 'payment' | 'a2a_send' = 'payment',
+): Promise<TransactionRow> {
+  const row = await insertTransaction(tx, nowMs, {
+    id: txId, orgId: wallet.org_id, walletId: wallet.id, type, status: 'blocked', amount: input.amount,
+    recipient: input.to, policyId: wallet.policy_id, memo: input.memo, attestationHash: attestation,
+    signature: null, lastValidBlockHeight: null, policyTriggered: true, violation,
+    recipientAddress: recipient.address, category: recipient.category,
+  });
+  await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
+  await writeBlockedEvent(tx, nowMs, wallet, row.id, input.amount, input.to, violation);
+  await alertPolicyViolation(tx, nowMs, wallet.org_id, wallet.id, row.id, violation);
+  return { ...row, policy_triggered: true, violation };
+}
+
+async function writeBlockedEvent(
+  tx: Queryable, nowMs: number, wallet: Pick<WalletRow, 'id' | 'org_id' | 'policy_id'>, txId: string, amount: bigint, recipient: string, violation: Violation,
+): Promise<void> {
+  await recordEvent(tx, nowMs, {
+    orgId: wallet.org_id, type: 'transaction.blocked', walletId: wallet.id,
+    summary: `Payment of ${formatUsdc(amount)} USDC to ${recipient} blocked by ${violation.rule}`,
+    payload: {
+      wallet_id: wallet.id, tx_id: txId, attempted_amount: formatUsdc(amount), recipient, violation, policy_id: wallet.policy_id,
+    },
+  });
+}
+
+/** `transaction.pending`: the payment is debited and about to be submitted (SPEC: submitted, not yet confirmed). */
+async function writePendingEvent(tx: Queryable, nowMs: number, row: TransactionRow): Promise<void> {
+  await recordEvent(tx, nowMs, {
+    orgId: row.org_id, type: 'transaction.pending', walletId: row.wallet_id,
+    summary: `Payment of ${formatUsdc(row.amount)} USDC to ${row.recipient} submitted`,
+    payload: {
+      wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), recipient: row.recipient,
+      tx_signature: row.tx_signature,
+    },
+  });
+}
+
+/** Counts the spend, debits the balance and marks the row sent-to-be; the wallet row is locked. */
+/**
+ * Counts a spend in the windows and debits the vault (its row is locked). The spend's row must
+ * carry `spend_at_ms = nowMs` (written with it), so the windows can take it out again.
+ */
+export async function commitSpend(
+  tx: Queryable, nowMs: number, wallet: WalletRow, amount: bigint, windows: Awaited<ReturnType<typeof spendWindowsAt>>,
+): Promise<void> {
+  await saveSpendWindows(tx, wallet.id, withSpend(windows, { atMs: nowMs, amount }));
+  await tx.query('UPDATE wallets SET balance = balance - $2, policy_violation_at = NULL, last_transaction_at = $3 WHERE id = $1',
+    [wallet.id, amount, new Date(nowMs)]);
+}
+
+export function insufficientBalance(wallet: WalletRow, amount: bigint): ServiceError {
+  return new ServiceError('wallet_insufficient_balance',
+    `Wallet ${wallet.id} holds ${formatUsdc(wallet.balance)} USDC; the payment needs ${formatUsdc(amount)}.`,
+    { wallet_id: wallet.id, available: formatUsdc(wallet.balance) });
+}
+
+export function frozenError(wallet: WalletRow): ServiceError {
+  return new ServiceError('wallet_frozen', `Wallet ${wallet.id} is frozen.`, { wallet_id: wallet.id });
+}
+
+/** How many times signing is redone when the wallet's policy changed in between. */
+const SIGN_ATTEMPTS_MAX = 5;
+
+/**
+ * Makes a payment. Returns the recorded row (pending, confirmed, failed, or blocked with its
+ * violation); throws ServiceError for refusals that record nothing.
+ */
+export async function pay(
+  ctx: Ctx, orgId: string, input: PaymentInput, options: { wait: boolean; mark?: RecordMarker },
+): Promise<PaymentOutcome> {
+  const recipient = await resolveRecipient(ctx.db, orgId, input.to, input.category);
+  for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
+    const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, input.walletId]);
+    if (!unlocked) throw walletNotFound(input.walletId);
+    assertNotArchived(unlocked);
+    const signedAtMs = ctx.clock.nowMs();
+    const txId = newId('tx', signedAtMs);
+    const attestation = attestationHashOf({
+      walletId: unlocked.id, recipient: input.to, amount: input.amount, currency: 'USDC', memo: input.memo,
+      category: recipient.category, atMs: signedAtMs,
+    });
+    const prepared = await ctx.chain.prepare(await payInstructions(ctx, unlocked, txId, recipient.address, input.amount, attestation));
+
+    const decided = await ctx.db.transaction(async (tx) => {
+      const nowMs = ctx.clock.nowMs();
+      const wallet = await lockWallet(tx, orgId, input.walletId);
+      assertNotArchived(wallet);
+      if (wallet.status === 'frozen') throw frozenError(wallet);
+      if (wallet.policy_id !== unlocked.policy_id) return null; // signed for another policy account: sign again
+      const rules = await rulesFor(tx, wallet);
+      const windows = await spendWindowsAt(tx, wallet.id, nowMs);
+      const decision = evaluate(rules, spendStateOf(windows), {
+        amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
+      });
+      if (!decision.allowed) {
+        const blocked = await recordBlocked(tx, nowMs, wallet, input, recipient, attestation, decision.violation, txId);
+        await options.mark?.(tx, txId);
+        return { kind: 'blocked' as const, row: blocked, violation: decision.violation };
+      }
+      if (wallet.balance < input.amount) throw insufficientBalance(wallet, input.amount);
+      const awaiting = decision.requiresApproval;
+      const approval = awaiting
+        ? { required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString() }
+        : null;
+      const row = await insertTransaction(tx, nowMs, {
+        id: txId, orgId, walletId: wallet.id, type: 'payment', amount: input.amount, recipient: input.to,
+        policyId: wallet.policy_id, memo: input.memo, attestationHash: attestation,
+        signature: awaiting ? null : prepared.signature,
+        lastValidBlockHeight: awaiting ? null : prepared.lastValidBlockHeight,
+        recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
+        approval, approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
+      });
+      if (!awaiting) {
+        await commitSpend(tx, nowMs, wallet, row.amount, windows);
+        await writePendingEvent(tx, nowMs, row);
+      }
+      await options.mark?.(tx, txId);
+      return { kind: 'recorded' as const, row, awaiting };
+    });
+    if (decided === null) continue;
+    if (decided.kind === 'blocked') return { row: decided.row, violation: decided.violation };
+    if (decided.awaiting) return { row: await reload(ctx.db, decided.row.id), violation: null };
+    return { row: await send(ctx, prepared, decided.row.id, options.wait), violation: null };
+  }
+  throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
+}
+
+async function reload(q: Queryable, txId: string): Promise<TransactionRow> {
+  const [row] = await q.query<TransactionRow>('SELECT * FROM transactions WHERE id = $1', [txId]);
+  return row!;
+}
+
+async function send(ctx: Ctx, prepared: PreparedTransaction, txId: string, wait: boolean): Promise<TransactionRow> {
+  try {
+    await ctx.chain.submit(prepared);
+  } catch (error) {
+    // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
+    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a payment failed');
+  }
+  if (wait) await awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
+  else {
+    // Settled in the background; the reconciler covers a process that stops before.
+    void awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS).catch((error) =>
+      ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  }
+  return reload(ctx.db, txId);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Co-signature
+
+type AwaitingRow = TransactionRow & { approval: { status: string } | null; approval_expires_at: Date | null };
+
+async function lockAwaiting(tx: Queryable, orgId: string, txId: string): Promise<AwaitingRow> {
+  const [row] = await tx.query<AwaitingRow>(
+    `SELECT * FROM transactions WHERE org_id = $1 AND id = $2 AND type = 'payment' FOR UPDATE`, [orgId, txId]);
+  if (!row) throw new ServiceError('transaction_not_found', `No payment ${txId} in your organisation.`, { param: 'tx_id' });
+  if (row.status !== 'pending' || row.approval?.status !== 'awaiting') {
+    throw new ServiceError('invalid_request', `Payment ${txId} is not awaiting approval (status ${row.status}).`, { param: 'tx_id' });
+  }
+  return row;
+}
+
+/**
+ * Approves a payment awaiting its co-signature: it is checked again as of now (the policy, the
+ * windows and the balance may have changed), debited and sent.
+ */
+export async function approvePayment(ctx: Ctx, orgId: string, txId: string, approverKeyId: string, options: { wait: boolean }): Promise<PaymentOutcome> {
+  for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
+    const [pending] = await ctx.db.query<TransactionRow>(
+      `SELECT * FROM transactions WHERE org_id = $1 AND id = $2 AND type = 'payment'`, [orgId, txId]);
+    if (!pending) throw new ServiceError('transaction_not_found', `No payment ${txId} in your organisation.`, { param: 'tx_id' });
+    const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, pending.wallet_id]);
+    const recipientAddress = (await ctx.db.query<{ recipient_address: string }>(
+      'SELECT recipient_address FROM transactions WHERE id = $1', [txId]))[0]!.recipient_address;
+    const prepared = await ctx.chain.prepare(
+      await payInstructions(ctx, unlocked!, txId, recipientAddress, pending.amount, pending.attestation_hash!));
+
+    const decided = await ctx.db.transaction(async (tx) => {
+      const nowMs = ctx.clock.nowMs();
+      const wallet = await lockWallet(tx, orgId, pending.wallet_id!);
+      const row = await lockAwaiting(tx, orgId, txId);
+      if (row.approval_expires_at !== null && row.approval_expires_at.getTime() <= nowMs) return { expired: true } as const;
+      if (wallet.policy_id !== unlocked!.policy_id) return null;
+      const decide = async (status: 'blocked', approvalStatus: string, violation: Violation) => {
+        await tx.query(
+          `UPDATE transactions SET status = $2, violation = $3, approval = approval || $4::jsonb, approval_expires_at = NULL,
+             updated_at = $5, settled_at = $5 WHERE id = $1`,
+          [txId, status, JSON.stringify(violation),
+            JSON.stringify({ status: approvalStatus, decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs)]);
+        await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
+        await writeBlockedEvent(tx, nowMs, wallet, txId, row.amount, row.recipient!, violation);
+        return { blocked: await reload(tx, txId), violation };
+      };
+      assertNotArchived(wallet);
+      if (wallet.status === 'frozen') throw frozenError(wallet);
+      const rules = await rulesFor(tx, wallet);
+      const windows = await spendWindowsAt(tx, wallet.id, nowMs);
+      const category = (await tx.query<{ category: string | null }>('SELECT category FROM transactions WHERE id = $1', [txId]))[0]!.category;
+      const decision = evaluate(rules, spendStateOf(windows), {
+        amount: row.amount, recipient: row.recipient!, recipientAddress, category, atMs: nowMs,
+      });
+      if (!decision.allowed) return decide('blocked', 'approved', decision.violation);
+      if (wallet.balance < row.amount) throw insufficientBalance(wallet, row.amount);
+      await tx.query(
+        `UPDATE transactions SET tx_signature = $2, last_valid_block_height = $3, approval = approval || $4::jsonb,
+           approval_expires_at = NULL, updated_at = $5, spend_at_ms = $6 WHERE id = $1`,
+        [txId, prepared.signature, prepared.lastValidBlockHeight,
+          JSON.stringify({ status: 'approved', decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs), nowMs]);
+      await commitSpend(tx, nowMs, wallet, row.amount, windows);
+      await writePendingEvent(tx, nowMs, { ...row, tx_signature: prepared.signature });
+      return { approved: true };
+    });
+    if (decided === null) continue;
+    if ('expired' in decided) {
+      // Its co-signature came too late: it is expired now, as the job would have done.
+      await rejectPayment(ctx, orgId, txId, 'system', 'expired');
+      throw new ServiceError('invalid_request', `Payment ${txId} waited for its co-signature past its expiry; it is blocked.`, { param: 'tx_id' });
+    }
+    if ('blocked' in decided) return { row: decided.blocked, violation: decided.violation };
+    return { row: await send(ctx, prepared, txId, options.wait), violation: null };
+  }
+  throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
+}
+
+function coSignViolation(row: TransactionRow, rulesThreshold: bigint | null): Violation {
+  return {
+    rule: 'require_co_sign',
+    limit: rulesThreshold === null ? 'co-signature' : formatUsdc(rulesThreshold),
+    attempted: formatUsdc(row.amount),
+  };
+}
+
+/** Rejects a payment awaiting its co-signature: it is blocked, and nothing is sent. */
+export async function rejectPayment(ctx: Ctx, orgId: string, txId: string, deciderKeyId: string, reason: 'rejected' | 'expired'): Promise<TransactionRow> {
+  return ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const row = await lockAwaiting(tx, orgId, txId);
+    const policy = await findPolicy(tx, orgId, row.policy_id!);
+    const violation = coSignViolation(row, policy?.require_co_sign ?? null);
+    await tx.query(
+      `UPDATE transactions SET status = 'blocked', violation = $2, approval = approval || $3::jsonb, approval_expires_at = NULL,
+         updated_at = $4, settled_at = $4 WHERE id = $1`,
+      [txId, JSON.stringify(violation),
+        JSON.stringify({ status: reason, decided_by: deciderKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs)]);
+    await writeBlockedEvent(tx, nowMs, { id: row.wallet_id!, org_id: orgId, policy_id: row.policy_id! }, txId, row.amount, row.recipient!, violation);
+    return reload(tx, txId);
+  });
+}
+
+const EXPIRE_BATCH_MAX = 200;
+
+/** The `payments.expire_approvals` job: payments left awaiting past their expiry are blocked. */
+export async function expireApprovals(ctx: Ctx): Promise<number> {
+  const due = await ctx.db.query<{ id: string; org_id: string }>(
+    `SELECT id, org_id FROM transactions WHERE status = 'pending' AND approval_expires_at IS NOT NULL AND approval_expires_at <= $1
+     ORDER BY approval_expires_at LIMIT ${EXPIRE_BATCH_MAX}`, [new Date(ctx.clock.nowMs())]);
+  let expired = 0;
+  for (const row of due) {
+    try {
+      await rejectPayment(ctx, row.org_id, row.id, 'system', 'expired');
+      expired += 1;
+    } catch (error) {
+      // Approved or rejected meanwhile: nothing to expire.
+      if (!(error instanceof ServiceError)) throw error;
+    }
+  }
+  return expired;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settlement of payments
+
+registerSettlementRule('payment', {
+  // The vault's row is not touched: its balance and last_transaction_at moved when the payment was recorded.
+  async confirmed(tx, nowMs, row) {
+    await recordEvent(tx, nowMs, {
+      orgId: row.org_id, type: 'transaction.completed', walletId: row.wallet_id,
+      summary: `Paid ${formatUsdc(row.amount)} USDC to ${row.recipient}`,
+      payload: {
+        wallet_id: row.wallet_id, tx_id: row.id, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
+        recipient: row.recipient, policy_triggered: row.policy_triggered, on_chain_slot: Number(row.on_chain_slot),
+      },
+    });
+    await alertLargeTransaction(tx, nowMs, row.org_id, row.wallet_id!, row.id, row.amount);
+  },
+  async failed(tx, nowMs, row) {
+    // The amount comes back and the spend stops counting: a payment that never happened.
+    await tx.query('UPDATE wallets SET balance = balance + $2 WHERE id = $1', [row.wallet_id, row.amount]);
+    await withdrawSpend(tx, row.wallet_id!, row.id);
+    await recordEvent(tx, nowMs, {
+      orgId: row.org_id, type: 'transaction.failed', walletId: row.wallet_id,
+      summary: `Payment of ${formatUsdc(row.amount)} USDC to ${row.recipient} failed on chain (${row.failure_reason})`,
+      payload: {
+        wallet_id: row.wallet_id, tx_id: row.id, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
+        recipient: row.recipient, reason: row.failure_reason,
+      },
+    });
+  },
+});

@@ -1,0 +1,208 @@
+/**
+ * Payment endpoints: pay (and its getting-started alias), the preflight check, and the
+ * co-signature decisions. Reads of a payment are the transaction view (src/transactions).
+ */
+import { Type } from 'typebox';
+import { ServiceError } from '../errors/errors.ts';
+import type { App } from '../http/app.ts';
+import { principalOf, type Principal } from '../http/auth.ts';
+import type { AppContext } from '../http/context.ts';
+import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
+import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { findPolicy, rulesOf } from '../policies/policies.ts';
+import { resolveRecipient } from '../recipients/recipients.ts';
+import type { TransactionRow } from '../transactions/settlement.ts';
+import { TransactionView, getTransaction, transactionView } from '../transactions/views.ts';
+import { assertNotArchived, assertVaultAccess, getWallet } from '../wallets/wallets.ts';
+import { SpendingView, spendingOf } from './budgets.ts';
+import { MEMO_MAX_CHARS, approvePayment, pay, rejectPayment, type PaymentOutcome } from './payments.ts';
+import { evaluate } from './policy-engine.ts';
+import { spendStateOf, spendWindowsAt } from './spend-state.ts';
+
+const CATEGORY = '^[a-z0-9_.-]{1,64}$';
+
+const PaymentFields = {
+  to: Type.String({ minLength: 1, maxLength: 253, description: 'a chain address or a domain of your recipient directory' }),
+  amount: Type.String({ description: 'decimal USDC, at most 6 decimals' }),
+  currency: Type.String({ description: 'USDC' }),
+  memo: Type.Optional(Type.String({ maxLength: MEMO_MAX_CHARS, description: 'stored off chain; the attestation hash commits to it' })),
+  category: Type.Optional(Type.String({ pattern: CATEGORY, description: 'used when the recipient directory has none' })),
+  idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
+  waitForConfirmation: Type.Optional(Type.Boolean({
+    default: true, description: 'false: answer as soon as the payment is recorded and sent (status pending)',
+  })),
+};
+
+const PaymentResponse = Type.Intersect([TransactionView, Type.Object({
+  signature: Type.Union([Type.String(), Type.Null()], { description: 'the same as tx_signature' }),
+})]);
+
+interface PaymentBody {
+  to: string;
+  amount: string;
+  currency: string;
+  memo?: string;
+  category?: string;
+  idempotencyKey?: string;
+  waitForConfirmation?: boolean;
+}
+
+function parseAmount(text: string): bigint {
+  const amount = parseUsdc(text);
+  if (amount === null) {
+    throw new ServiceError('invalid_amount', 'amount must be a positive decimal string of USDC with at most 6 decimals.', { param: 'amount' });
+  }
+  return amount;
+}
+
+function assertUsdc(currency: string): void {
+  if (currency !== 'USDC') throw new ServiceError('invalid_currency', `Only USDC is supported, not "${currency}".`, { param: 'currency' });
+}
+
+export function paymentRoutes(app: App, ctx: AppContext): void {
+  const view = (row: TransactionRow) => ({ ...transactionView(row, ctx), signature: row.tx_signature });
+
+  /** An `agent` key pays only from the vault whose session token it shows. */
+  const authorizeVault = async (principal: Principal, walletId: string, sessionToken: unknown) => {
+    const wallet = await getWallet(ctx.db, principal.orgId, walletId);
+    assertVaultAccess(principal, wallet, typeof sessionToken === 'string' ? sessionToken : undefined, ctx.clock.nowMs());
+    return wallet;
+  };
+
+  const outcomeOf = (row: TransactionRow): PaymentOutcome => ({
+    row, violation: row.status === 'blocked' ? (row.violation as PaymentOutcome['violation']) : null,
+  });
+
+  /** A policy violation is answered 402 (the blocked record exists); a chain-side shortfall 422. */
+  const answer = (outcome: PaymentOutcome) => {
+    const { row, violation } = outcome;
+    if (violation) {
+      throw new ServiceError('policy_violation', `The payment breaks the ${violation.rule} rule of policy ${row.policy_id}.`,
+        { violation, wallet_id: row.wallet_id!, policy_id: row.policy_id!, tx_id: row.id });
+    }
+    if (row.status === 'failed' && row.failure_reason === 'InsufficientFunds') {
+      throw new ServiceError('wallet_insufficient_balance', 'The chain refused the payment: the vault\'s balance does not cover it.',
+        { wallet_id: row.wallet_id!, tx_id: row.id });
+    }
+    return { status: 200, body: view(row) };
+  };
+
+  const handlePay = async (principal: Principal, walletId: string, body: PaymentBody, headers: Record<string, unknown>) => {
+    assertUsdc(body.currency);
+    const amount = parseAmount(body.amount);
+    // Who may pay from this vault is checked on every request; whether it can pay (archived,
+    // frozen) is the payment's answer, so a replay after an archive still returns the original.
+    await authorizeVault(principal, walletId, headers['session-token']);
+    const input = { walletId, to: body.to.trim(), amount, memo: body.memo ?? null, category: body.category ?? null };
+    return runIdempotent(ctx.db, {
+      orgId: principal.orgId, key: idempotencyKeyOf(headers['idempotency-key'], body.idempotencyKey),
+      operation: 'payments.create', params: { ...input, currency: body.currency }, nowMs: ctx.clock.nowMs(),
+      // After a crash: the payment as it stands now (the reconciler settles it meanwhile).
+      recover: async (txId) => answer(outcomeOf(await getTransaction(ctx.db, principal.orgId, txId))),
+    }, async (mark) => answer(await pay(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark })));
+  };
+
+  app.post('/v1/payments', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Payments'], summary: 'Pay from a wallet, checked against its policy first',
+      description: 'An `agent` key must send the wallet\'s `Session-Token`. A policy violation is 402 with `violation`; '
+        + 'the payment is recorded `blocked` and nothing reaches the chain.',
+      body: Type.Object({ walletId: Type.String({ maxLength: 64 }), ...PaymentFields }, { additionalProperties: false }),
+      response: { 200: PaymentResponse },
+    },
+  }, async (request, reply) => {
+    const { walletId, ...body } = request.body;
+    return sendIdempotent(reply, await handlePay(principalOf(request), walletId, body, request.headers));
+  });
+
+  app.post('/v1/wallets/:wallet_id/pay', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Payments'], summary: 'Pay from this wallet (the same as POST /v1/payments)',
+      params: Type.Object({ wallet_id: Type.String({ maxLength: 64 }) }),
+      body: Type.Object(PaymentFields, { additionalProperties: false }),
+      response: { 200: PaymentResponse },
+    },
+  }, async (request, reply) =>
+    sendIdempotent(reply, await handlePay(principalOf(request), request.params.wallet_id, request.body, request.headers)));
+
+  app.post('/v1/payments/check', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Payments'], summary: 'Would this payment pass? Answers without recording anything',
+      body: Type.Object({
+        walletId: Type.String({ maxLength: 64 }), to: PaymentFields.to, amount: PaymentFields.amount,
+        currency: Type.Optional(Type.String()), category: PaymentFields.category,
+      }, { additionalProperties: false }),
+      response: {
+        200: Type.Object({
+          allowed: Type.Boolean(),
+          reason: Type.Union([Type.String(), Type.Null()], { description: 'the error code the payment would get, when not allowed' }),
+          violation: Type.Union([Type.Object({
+            rule: Type.String(), limit: Type.Union([Type.String(), Type.Number()]), attempted: Type.Union([Type.String(), Type.Number()]),
+          }), Type.Null()]),
+          requires_approval: Type.Boolean(),
+          wallet_id: Type.String(),
+          usdc_balance: Type.String(),
+          spending: SpendingView,
+        }),
+      },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const { walletId, to, category } = request.body;
+    if (request.body.currency !== undefined) assertUsdc(request.body.currency);
+    const amount = parseAmount(request.body.amount);
+    const wallet = await authorizeVault(principal, walletId, request.headers['session-token']);
+    assertNotArchived(wallet);
+    const recipient = await resolveRecipient(ctx.db, principal.orgId, to.trim(), category ?? null);
+    const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id);
+    const rules = rulesOf(policy!);
+    const nowMs = ctx.clock.nowMs();
+    const decision = evaluate(rules, spendStateOf(await spendWindowsAt(ctx.db, wallet.id, nowMs)), {
+      amount, recipient: to.trim(), recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
+    });
+    const reason = wallet.status === 'frozen' ? 'wallet_frozen'
+      : !decision.allowed ? 'policy_violation'
+        : wallet.balance < amount ? 'wallet_insufficient_balance' : null;
+    return {
+      allowed: reason === null,
+      reason,
+      violation: decision.allowed ? null : decision.violation,
+      requires_approval: decision.allowed && decision.requiresApproval,
+      wallet_id: wallet.id,
+      usdc_balance: formatUsdc(wallet.balance),
+      spending: await spendingOf(ctx.db, wallet.id, rules, nowMs),
+    };
+  });
+
+  const TxParams = Type.Object({ tx_id: Type.String({ maxLength: 64 }) });
+
+  app.post('/v1/payments/:tx_id/approve', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Payments'], summary: 'Co-sign a payment awaiting approval: it is checked again, then sent',
+      params: TxParams,
+      body: Type.Object({ waitForConfirmation: PaymentFields.waitForConfirmation }, { additionalProperties: false }),
+      response: { 200: PaymentResponse },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const outcome = await approvePayment(ctx, principal.orgId, request.params.tx_id, principal.keyId,
+      { wait: request.body.waitForConfirmation ?? true });
+    return answer(outcome).body;
+  });
+
+  app.post('/v1/payments/:tx_id/reject', {
+    config: { permission: 'write' },
+    schema: {
+      tags: ['Payments'], summary: 'Refuse a payment awaiting approval: it is blocked and nothing is sent',
+      params: TxParams,
+      response: { 200: PaymentResponse },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    return view(await rejectPayment(ctx, principal.orgId, request.params.tx_id, principal.keyId, 'rejected'));
+  });
+}

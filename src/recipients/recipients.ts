@@ -1,0 +1,257 @@
+/**
+ * The recipient directory: per organisation, a domain names a chain address and, optionally,
+ * the category payments to it count under (DESIGN §6). Payments resolve their `to` here:
+ * a domain must be in the directory, a bare address may be, and the directory's category
+ * wins over the one a payment request brings.
+ */
+import { Type } from 'typebox';
+import { isAddress } from '@solana/kit';
+import type { Database, Queryable } from '../db/database.ts';
+import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import { keysetCondition, type PageRequest, toPage } from '../http/pagination.ts';
+import { newId } from '../ids/ids.ts';
+
+/** The longest DNS name (RFC 1035, without the trailing dot). */
+export const DOMAIN_LENGTH_MAX = 253;
+export const RECIPIENT_LABEL_MAX = 200;
+/** What a request may send as a category; it is stored and compared lowercase. */
+export const CATEGORY_PATTERN = '^[A-Za-z0-9_.-]{1,64}$';
+
+/**
+ * One DNS label (RFC 1123): letters, digits and inner hyphens, 1–63 characters. Checked after
+ * lowercasing an input already known to be ASCII, so no Unicode case mapping (the Kelvin sign
+ * lowercases to "k") can turn a look-alike into a real domain.
+ */
+const DOMAIN_LABEL = /^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$/;
+const DOMAIN_CHARACTERS = /^[A-Za-z0-9.-]+$/;
+const CATEGORY = new RegExp(CATEGORY_PATTERN);
+
+/** The domain in its stored (lowercase) form, or null when the text is not a DNS name with a dot. */
+export function normaliseDomain(text: string): string | null {
+  if (text.length > DOMAIN_LENGTH_MAX || !DOMAIN_CHARACTERS.test(text)) return null;
+  const domain = text.toLowerCase();
+  const labels = domain.split('.');
+  if (labels.length < 2 || !labels.every((label) => DOMAIN_LABEL.test(label))) return null;
+  return domain;
+}
+
+/** The category in its stored (lowercase) form, or null when it is not a category code. */
+export function normaliseCategory(text: string): string | null {
+  return CATEGORY.test(text) ? text.toLowerCase() : null;
+}
+
+/** Refused input is echoed in messages, but never at a length that would flood a log line. */
+function quoted(text: string): string {
+  return JSON.stringify(text.length > 80 ? `${text.slice(0, 80)}…` : text);
+}
+
+function domainOf(text: string): string {
+  const domain = normaliseDomain(text);
+  if (domain === null) {
+    throw new ServiceError('invalid_recipient',
+      `domain ${quoted(text)} is not a DNS name (labels of letters, digits and hyphens, at least one dot, at most ${DOMAIN_LENGTH_MAX} characters).`,
+      { param: 'domain' });
+  }
+  return domain;
+}
+
+function addressOf(text: string): string {
+  if (!isAddress(text)) {
+    throw new ServiceError('invalid_recipient', `address ${quoted(text)} is not a chain address (base58 of a 32-byte public key).`,
+      { param: 'address' });
+  }
+  return text;
+}
+
+function categoryOf(text: string, param = 'category'): string {
+  const category = normaliseCategory(text);
+  if (category === null) throw invalidRequest(param, `${param} must be 1–64 characters of letters, digits, "_", "." or "-".`);
+  return category;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows and views
+
+export interface RecipientRow {
+  org_id: string;
+  id: string;
+  domain: string;
+  address: string;
+  category: string | null;
+  label: string | null;
+  created_at: Date;
+  updated_at: Date;
+  deleted_at: Date | null;
+}
+
+const TEXT_OR_NULL = Type.Union([Type.String(), Type.Null()]);
+
+export const RecipientView = Type.Object({
+  recipient_id: Type.String(),
+  domain: Type.String({ description: 'lowercase; unique among the organisation\'s recipients' }),
+  address: Type.String({ description: 'chain address payments to the domain go to' }),
+  category: TEXT_OR_NULL,
+  label: TEXT_OR_NULL,
+  created_at: Type.String(),
+  updated_at: Type.String(),
+});
+
+export function recipientView(row: RecipientRow) {
+  return {
+    recipient_id: row.id,
+    domain: row.domain,
+    address: row.address,
+    category: row.category,
+    label: row.label,
+    created_at: row.created_at.toISOString(),
+    updated_at: row.updated_at.toISOString(),
+  };
+}
+
+function recipientNotFound(recipientId: string): ServiceError {
+  return new ServiceError('recipient_not_found', `No recipient ${quoted(recipientId)} in your organisation.`, { param: 'recipient_id' });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Use-cases
+
+export interface NewRecipient {
+  domain: string;
+  address: string;
+  category?: string | null;
+  label?: string | null;
+}
+
+export async function createRecipient(q: Queryable, nowMs: number, orgId: string, input: NewRecipient): Promise<RecipientRow> {
+  const domain = domainOf(input.domain);
+  const address = addressOf(input.address);
+  const category = input.category == null ? null : categoryOf(input.category);
+  const now = new Date(nowMs);
+  // The unique index decides between two concurrent creations of one domain: no read-then-write race.
+  const rows = await q.query<RecipientRow>(
+    `INSERT INTO recipients (org_id, id, domain, address, category, label, created_at, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $7)
+     ON CONFLICT (org_id, domain) WHERE deleted_at IS NULL DO NOTHING
+     RETURNING *`,
+    [orgId, newId('rcp', nowMs), domain, address, category, input.label ?? null, now]);
+  if (!rows[0]) {
+    // The closed error list has no conflict code for this; invalid_request names the field to change.
+    throw invalidRequest('domain', `The directory already has a recipient for ${quoted(domain)}: change or delete that one.`);
+  }
+  return rows[0];
+}
+
+export async function getRecipient(q: Queryable, orgId: string, recipientId: string): Promise<RecipientRow> {
+  const rows = await q.query<RecipientRow>(
+    'SELECT * FROM recipients WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL', [orgId, recipientId]);
+  if (!rows[0]) throw recipientNotFound(recipientId);
+  return rows[0];
+}
+
+export interface RecipientFilter {
+  category?: string;
+  domain?: string;
+}
+
+/** One page of live recipients, newest first; filter values are validated like stored ones. */
+export async function listRecipients(q: Queryable, orgId: string, page: PageRequest, filter: RecipientFilter) {
+  const params: unknown[] = [orgId];
+  const where = ['org_id = $1', 'deleted_at IS NULL'];
+  if (filter.category !== undefined) {
+    params.push(categoryOf(filter.category));
+    where.push(`category = $${params.length}`);
+  }
+  if (filter.domain !== undefined) {
+    const domain = normaliseDomain(filter.domain);
+    if (domain === null) throw invalidRequest('domain', `domain ${quoted(filter.domain)} is not a DNS name.`);
+    params.push(domain);
+    where.push(`domain = $${params.length}`);
+  }
+  const after = keysetCondition(page, params.length + 1);
+  params.push(...after.params);
+  const rows = await q.query<RecipientRow>(
+    `SELECT * FROM recipients WHERE ${where.join(' AND ')} AND ${after.sql}
+     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+  return toPage(rows, page, recipientView);
+}
+
+export interface RecipientChange {
+  /** accepted only when it names the recipient's own domain: a domain is the entry's identity */
+  domain?: string;
+  address?: string;
+  /** null removes the category */
+  category?: string | null;
+  /** null removes the label */
+  label?: string | null;
+}
+
+export async function updateRecipient(
+  db: Database, nowMs: number, orgId: string, recipientId: string, change: RecipientChange,
+): Promise<RecipientRow> {
+  const address = change.address === undefined ? undefined : addressOf(change.address);
+  const category = change.category == null ? change.category : categoryOf(change.category);
+  return db.transaction(async (tx) => {
+    const [current] = await tx.query<RecipientRow>(
+      'SELECT * FROM recipients WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR UPDATE', [orgId, recipientId]);
+    if (!current) throw recipientNotFound(recipientId);
+    if (change.domain !== undefined && normaliseDomain(change.domain) !== current.domain) {
+      throw invalidRequest('domain',
+        'A recipient\'s domain cannot change (payments name it): delete this recipient and create one for the new domain.');
+    }
+    const rows = await tx.query<RecipientRow>(
+      `UPDATE recipients SET address = $3, category = $4, label = $5, updated_at = $6
+       WHERE org_id = $1 AND id = $2 RETURNING *`,
+      [orgId, recipientId, address ?? current.address, category === undefined ? current.category : category,
+        change.label === undefined ? current.label : change.label, new Date(nowMs)]);
+    return rows[0]!;
+  });
+}
+
+/** Soft delete: the domain stops resolving at once and may be registered again. */
+export async function deleteRecipient(q: Queryable, nowMs: number, orgId: string, recipientId: string): Promise<void> {
+  const rows = await q.query(
+    `UPDATE recipients SET deleted_at = $3, updated_at = $3
+     WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL RETURNING id`,
+    [orgId, recipientId, new Date(nowMs)]);
+  if (!rows.length) throw recipientNotFound(recipientId);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resolution, for payments
+
+export interface ResolvedRecipient {
+  address: string;
+  domain: string | null;
+  category: string | null;
+  recipientId: string | null;
+}
+
+/**
+ * What a payment's `to` means for the organisation: the address to pay, the directory entry
+ * behind it (if any) and the category the payment counts under (the directory's, else the
+ * request's, lowercase). Takes a Queryable so a payment resolves inside its own transaction.
+ */
+export async function resolveRecipient(
+  q: Queryable, orgId: string, to: string, requestCategory?: string | null,
+): Promise<ResolvedRecipient> {
+  const fallbackCategory = requestCategory == null ? null : categoryOf(requestCategory);
+  if (isAddress(to)) {
+    // Among several entries for one address, one with a category comes first: otherwise a
+    // payer could dodge a blocked category by paying the bare address with a category of its own.
+    const [entry] = await q.query<Pick<RecipientRow, 'id' | 'category'>>(
+      `SELECT id, category FROM recipients WHERE org_id = $1 AND address = $2 AND deleted_at IS NULL
+       ORDER BY category IS NULL, created_at, id LIMIT 1`, [orgId, to]);
+    return { address: to, domain: null, category: entry?.category ?? fallbackCategory, recipientId: entry?.id ?? null };
+  }
+  const domain = normaliseDomain(to);
+  if (domain === null) {
+    throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
+  }
+  const [entry] = await q.query<Pick<RecipientRow, 'id' | 'address' | 'category'>>(
+    'SELECT id, address, category FROM recipients WHERE org_id = $1 AND domain = $2 AND deleted_at IS NULL', [orgId, domain]);
+  if (!entry) {
+    throw new ServiceError('invalid_recipient',
+      `${quoted(domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
+  }
+  return { address: entry.address, domain, category: entry.category ?? fallbackCategory, recipientId: entry.id };
+}
