@@ -1,0 +1,361 @@
+/**
+ * Agent-to-agent escrow through HTTP, on the real database and the embedded validator: every
+ * transition of SPEC.md's state table, each proof type verified (forged proofs change nothing),
+ * timeouts on the service clock, disputes and arbitration, concurrency, and money conserved with
+ * the index equal to the chain.
+ */
+import assert from 'node:assert/strict';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, test } from 'node:test';
+import { address } from '@solana/kit';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
+import { signCallbackProof } from '../verifiers/verifiers.ts';
+import { signWithSessionToken } from '../wallets/session-token.ts';
+import { encodeAttestation, sha256Of } from './proofs.ts';
+
+const OUTPUT = 'the finished report\n';
+const OUTPUT_HASH = sha256Of(OUTPUT);
+
+describe('escrow', () => {
+  let t: TestService;
+  let server: Server;
+  let outputUrl: string;
+  before(async () => {
+    t = await startTestService({ env: { AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS: 'on' } });
+    server = createServer((request, response) => {
+      response.end(request.url === '/report' ? OUTPUT : 'something else');
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    outputUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(async () => {
+    server.close();
+    await t.close();
+  });
+
+  const open = (from: FundedWallet, to: string, extra: Record<string, unknown> = {}, key?: string) =>
+    t.request('POST', '/v1/payments/a2a', {
+      ...(key ? { key } : {}),
+      body: { fromWallet: from.wallet_id, toWallet: to, amount: '4', currency: 'USDC', taskDescription: 'Summarise the filings', ...extra },
+    });
+  const escrowOf = async (id: string) => (await t.request('GET', `/v1/payments/a2a/${id}`)).body;
+  const chainBalance = (owner: string) => t.service.ctx.chain.getUsdcBalance(address(owner));
+  const tick = () => t.service.jobs.runOnce();
+
+  /** reserve + Σ vaults + Σ escrows still holding money = Σ deposits − Σ paid out of the organisation. */
+  async function assertConserved(): Promise<void> {
+    const { db } = t.service.ctx;
+    const [row] = await db.query<{ reserve: bigint; vaults: bigint; escrowed: bigint; deposits: bigint; out: bigint }>(
+      `SELECT (SELECT reserve_balance FROM organizations WHERE id = $1) AS reserve,
+              (SELECT COALESCE(SUM(balance), 0) FROM wallets WHERE org_id = $1)::bigint AS vaults,
+              (SELECT COALESCE(SUM(amount), 0) FROM escrows WHERE org_id = $1 AND status IN ('locked', 'completed', 'disputed'))::bigint AS escrowed,
+              (SELECT COALESCE(SUM(amount), 0) FROM deposits WHERE org_id = $1)::bigint AS deposits,
+              (SELECT COALESCE(SUM(amount), 0) FROM transactions WHERE org_id = $1 AND status IN ('confirmed', 'pending')
+                 AND (type = 'payment' OR (type = 'escrow_release' AND escrow_id IN (
+                   SELECT id FROM escrows WHERE org_id = $1 AND (receiver_org_id IS NULL OR receiver_org_id <> $1)))))::bigint AS out`,
+      [t.orgId]);
+    assert.equal(row!.reserve + row!.vaults + row!.escrowed, row!.deposits - row!.out, 'money is conserved');
+  }
+
+  test('create locks the amount in its own account at once; complete with a matching output releases it to the receiver', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '1');
+    const created = await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 600 });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    assert.equal(created.body.status, 'locked');
+    assert.equal(created.body.in_flight, null, 'confirmed on chain before answering');
+    assert.equal(created.body.amount, '4.00');
+    assert.equal(created.body.to_wallet, to.wallet_id);
+    assert.equal(created.body.task_hash, sha256Of('Summarise the filings'));
+    assert.notEqual(created.body.chain_address, from.chain_address);
+    assert.equal(Date.parse(created.body.expires_at) - Date.parse(created.body.created_at) <= 600_000, true, 'expires within its timeout');
+    assert.equal(await balanceOf(t, from.wallet_id), '6.00');
+    assert.equal(await chainBalance(created.body.chain_address), 4_000_000n, 'the escrow account holds it on chain');
+    const escrowState = await t.service.ctx.chain.getEscrow(address(created.body.chain_address));
+    assert.equal(Buffer.from(escrowState!.taskHash).toString('hex'), created.body.task_hash.slice(7), 'task hash on chain');
+
+    const completed = await t.request('POST', `/v1/payments/a2a/${created.body.escrow_id}/complete`, {
+      body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
+    });
+    assert.equal(completed.status, 200, JSON.stringify(completed.body));
+    assert.equal(completed.body.status, 'released');
+    assert.equal(completed.body.proof_type, 'output_hash');
+    assert.equal(await balanceOf(t, to.wallet_id), '5.00');
+    assert.equal(await chainBalance(to.chain_address), 5_000_000n);
+    assert.equal(await chainBalance(created.body.chain_address), 0n);
+
+    const types = async (walletId: string) => (await t.request('GET', `/v1/wallets/${walletId}/transactions`)).body.data
+      .map((row: { type: string; status: string }) => `${row.type}:${row.status}`).sort();
+    assert.deepEqual(await types(from.wallet_id), ['a2a_send:confirmed', 'escrow_lock:confirmed', 'escrow_release:confirmed', 'funding:confirmed']);
+    assert.deepEqual(await types(to.wallet_id), ['a2a_receive:confirmed', 'funding:confirmed']);
+    const events = await t.service.ctx.db.query<{ type: string; payload: Record<string, unknown> }>(
+      `SELECT type, payload FROM events WHERE payload->>'escrow_id' = $1 ORDER BY created_at, id`, [created.body.escrow_id]);
+    assert.deepEqual(events.map((e) => e.type), ['escrow.created', 'escrow.completed', 'escrow.released']);
+    const released = events[2]!.payload;
+    assert.deepEqual(Object.keys(released).sort(), ['amount', 'escrow_id', 'from_wallet', 'timestamp', 'to_wallet', 'tx_signature']);
+    assert.equal(released.amount, '4.00');
+    const again = await t.request('POST', `/v1/payments/a2a/${created.body.escrow_id}/complete`, {
+      body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
+    });
+    assert.equal(again.status, 422);
+    assert.equal(again.body.error.code, 'escrow_already_settled');
+    await assertConserved();
+  });
+
+  test('forged or unverifiable proofs are invalid_proof and change nothing', async () => {
+    const from = await fundedWallet(t, '20');
+    const to = await fundedWallet(t, '0.5');
+    const other = await fundedWallet(t, '0.5');
+    const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
+    assert.equal(verifier.status, 200, JSON.stringify(verifier.body));
+    const withHash = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
+    const plain = (await open(from, to.wallet_id)).body;
+    const verified = (await open(from, to.wallet_id, { verifierId: verifier.body.verifier_id })).body;
+    const token = (await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+    const otherToken = (await t.request('POST', `/v1/wallets/${other.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+    const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
+    const attest = (escrow: { escrow_id: string; task_hash: string }, signer: string, extra = {}) =>
+      encodeAttestation({ escrow_id: escrow.escrow_id, task_hash: escrow.task_hash, ...extra },
+        (message) => signWithSessionToken(signer, message));
+
+    const forged: Array<[string, Record<string, unknown>, RegExp]> = [
+      [withHash.escrow_id, { proofType: 'output_hash', proof: 'sha256:abc' }, /64 lowercase hex/],
+      [withHash.escrow_id, { proofType: 'output_hash', proof: sha256Of('other output') }, /expectedOutputHash/],
+      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /Nothing to verify/],
+      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/elsewhere` }, /bytes at outputUrl differs/],
+      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: 'http://127.0.0.1:1/report' }, /could not be fetched/],
+      [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(plain, otherToken) }, /not signed by the receiving vault/],
+      [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(withHash, token) }, /another escrow/],
+      [plain.escrow_id, { proofType: 'signed_attestation', proof: attest({ ...plain, task_hash: sha256Of('x') }, token) }, /another task/],
+      [plain.escrow_id, { proofType: 'signed_attestation', proof: `${attest(plain, token)}x` }, /not signed/],
+      [plain.escrow_id, { proofType: 'signed_attestation', proof: 'not-base64' }, /base64url payload/],
+      [plain.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, plain.escrow_id) }, /names no verifier/],
+      [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof('whsec_wrong', nowS, verified.escrow_id) }, /does not verify/],
+      [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, plain.escrow_id) }, /does not verify/],
+      [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS - 3600, verified.escrow_id) }, /seconds away/],
+    ];
+    for (const [escrowId, body, message] of forged) {
+      const response = await t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, { body });
+      assert.equal(response.status, 400, `${message}: ${JSON.stringify(response.body)}`);
+      assert.equal(response.body.error.code, 'invalid_proof');
+      assert.match(response.body.error.message, message);
+    }
+    for (const escrow of [withHash, plain, verified]) assert.equal((await escrowOf(escrow.escrow_id)).status, 'locked', 'unchanged');
+    assert.equal(await balanceOf(t, to.wallet_id), '0.50');
+    assert.equal(await balanceOf(t, from.wallet_id), '8.00', 'three escrows of 4.00 locked out of 20.00');
+
+    const good: Array<[string, Record<string, unknown>]> = [
+      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }],
+      [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(plain, token, { output_hash: OUTPUT_HASH }) }],
+      [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, verified.escrow_id) }],
+    ];
+    for (const [escrowId, body] of good) {
+      const response = await t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, { body });
+      assert.equal(response.status, 200, JSON.stringify(response.body));
+      assert.equal(response.body.status, 'released');
+    }
+    assert.equal(await balanceOf(t, to.wallet_id), '12.50');
+    await assertConserved();
+  });
+
+  test('a timeout refunds on the service clock; completing after it is escrow_expired; a settled escrow refuses everything', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id, { timeoutSeconds: 120, expectedOutputHash: OUTPUT_HASH })).body;
+    assert.equal(await balanceOf(t, from.wallet_id), '6.00');
+    await tick();
+    assert.equal((await escrowOf(created.escrow_id)).status, 'locked', 'not before its time');
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 121 } });
+    const late = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } });
+    assert.equal(late.status, 422);
+    assert.equal(late.body.error.code, 'escrow_expired');
+    const lateDispute = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'too late' } });
+    assert.equal(lateDispute.body.error.code, 'escrow_expired');
+    await tick();
+    await tick();
+    const refunded = await escrowOf(created.escrow_id);
+    assert.equal(refunded.status, 'refunded');
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    assert.equal(await chainBalance(from.chain_address), 10_000_000n);
+    assert.equal(await chainBalance(created.chain_address), 0n);
+    const events = await t.service.ctx.db.query<{ type: string; severity: string; payload: Record<string, unknown> }>(
+      `SELECT type, severity, payload FROM events WHERE payload->>'escrow_id' = $1 AND type = 'escrow.refunded'`, [created.escrow_id]);
+    assert.equal(events.length, 1);
+    assert.equal(events[0]!.payload.reason, 'timeout');
+    assert.equal(events[0]!.severity, 'info');
+    for (const [path, body] of [
+      ['complete', { proofType: 'output_hash', proof: OUTPUT_HASH }], ['dispute', { reason: 'x' }],
+    ] as const) {
+      const response = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/${path}`, { body });
+      assert.equal(response.body.error.code, 'escrow_already_settled', path);
+    }
+    const arbiter = await t.createKey('arbiter');
+    const resolve = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: arbiter, body: { decision: 'release' } });
+    assert.equal(resolve.body.error.code, 'escrow_already_settled');
+    const spending = (await t.request('GET', `/v1/wallets/${from.wallet_id}`)).body.spending;
+    assert.equal(spending.day.spent, '0.00', 'a refunded escrow gives its budget back');
+    await assertConserved();
+  });
+
+  test('a dispute hands the escrow to an arbiter: release, refund or split, written on chain', async () => {
+    const from = await fundedWallet(t, '30');
+    const to = await fundedWallet(t, '0.5');
+    const arbiter = await t.createKey('arbiter');
+    const operator = await t.createKey('operator');
+    const cases: Array<[Record<string, string>, string, string, string]> = [
+      [{ decision: 'release' }, 'released', '4.50', '26.00'],
+      [{ decision: 'refund' }, 'refunded', '4.50', '26.00'],
+      [{ decision: 'split', toReceiver: '1.25', toSender: '2.75' }, 'resolved', '5.75', '24.75'],
+    ];
+    for (const [decision, status, receiverBalance, senderBalance] of cases) {
+      const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
+      const disputed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, {
+        body: { reason: 'The summary misses half the filings', evidence: sha256Of('screenshot') },
+      });
+      assert.equal(disputed.status, 200, JSON.stringify(disputed.body));
+      assert.equal(disputed.body.status, 'disputed');
+      assert.equal(disputed.body.dispute.reason, 'The summary misses half the filings');
+      const onChain = await t.service.ctx.chain.getEscrow(address(created.chain_address));
+      assert.equal(onChain!.state, 4, 'disputed on chain');
+      const complete = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } });
+      assert.equal(complete.body.error.code, 'escrow_already_settled', 'a disputed escrow is not completed');
+      assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: operator, body: decision })).status, 403,
+        'only the arbiter role resolves');
+      const bad = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, {
+        key: arbiter, body: { decision: 'split', toReceiver: '1', toSender: '1' },
+      });
+      assert.equal(bad.body.error.code, 'invalid_amount', 'a split adds up to the escrow');
+      const resolved = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: arbiter, body: decision });
+      assert.equal(resolved.status, 200, JSON.stringify(resolved.body));
+      assert.equal(resolved.body.status, status);
+      assert.equal(resolved.body.resolution.decided_by.startsWith('key_'), true, 'the arbiter key decided');
+      assert.equal(await balanceOf(t, to.wallet_id), receiverBalance, `${status}: receiver`);
+      assert.equal(await balanceOf(t, from.wallet_id), senderBalance, `${status}: sender`);
+      assert.equal(await chainBalance(to.chain_address), BigInt(Math.round(Number(receiverBalance) * 1e6)));
+      assert.equal((await t.service.ctx.chain.getEscrow(address(created.chain_address)))!.state, 5, 'resolved on chain');
+      if (status === 'refunded') {
+        const [event] = await t.service.ctx.db.query<{ severity: string }>(
+          `SELECT severity FROM events WHERE payload->>'escrow_id' = $1 AND type = 'escrow.refunded'`, [created.escrow_id]);
+        assert.equal(event!.severity, 'critical', 'a refund decided by dispute is critical');
+      }
+    }
+    await assertConserved();
+  });
+
+  test('the requester\'s policy is checked at creation: a violation is 402, recorded blocked, and locks nothing', async () => {
+    const policyId = await newPolicy(t, { maxPerTx: '3' });
+    const from = await fundedWallet(t, '10', policyId);
+    const to = await fundedWallet(t, '0.5');
+    const refused = await open(from, to.wallet_id);
+    assert.equal(refused.status, 402);
+    assert.deepEqual(refused.body.error.violation, { rule: 'max_per_tx', limit: '3.00', attempted: '4.00' });
+    const record = await t.request('GET', `/v1/transactions/${refused.body.error.tx_id}`);
+    assert.equal(record.body.type, 'a2a_send');
+    assert.equal(record.body.status, 'blocked');
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    assert.equal((await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`)).body.data.length, 0);
+    const errors: Array<[Record<string, unknown>, number, string]> = [
+      [{ amount: '0' }, 400, 'invalid_amount'],
+      [{ currency: 'EUR' }, 400, 'invalid_currency'],
+      [{ toWallet: 'not an address' }, 400, 'invalid_recipient'],
+      [{ toWallet: from.wallet_id }, 400, 'invalid_recipient'],
+      [{ toWallet: 'wal_missing' }, 404, 'wallet_not_found'],
+      [{ amount: '3', toWallet: from.wallet_id, fromWallet: to.wallet_id }, 422, 'wallet_insufficient_balance'],
+      [{ timeoutSeconds: 5 }, 400, 'invalid_request'],
+      [{ expectedOutputHash: 'md5:abc' }, 400, 'invalid_request'],
+      [{ verifierId: 'vrf_missing' }, 400, 'invalid_request'],
+    ];
+    for (const [extra, status, code] of errors) {
+      const response = await open(from, to.wallet_id, { amount: '1', ...extra });
+      assert.equal(response.status, status, `${code}: ${JSON.stringify(response.body)}`);
+      assert.equal(response.body.error.code, code);
+    }
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    assert.equal(await balanceOf(t, to.wallet_id), '0.50');
+  });
+
+  test('a vault of another organisation receives by its chain address; both organisations see the escrow, nobody else', async () => {
+    const from = await fundedWallet(t, '10');
+    const other = await t.createOrganization();
+    const otherKey = other.adminKey;
+    await t.request('POST', '/v1/test_helpers/deposits', { key: otherKey, body: { amount: '1' } });
+    const theirs = await t.request('POST', '/v1/wallets', { key: otherKey, body: { agentId: unique('worker'), label: 'Worker', policyId: 'pol_permissive' } });
+    const created = (await open(from, theirs.body.chain_address, { expectedOutputHash: OUTPUT_HASH })).body;
+    assert.equal(created.to_wallet_id, theirs.body.wallet_id);
+    const seen = await t.request('GET', `/v1/payments/a2a/${created.escrow_id}`, { key: otherKey });
+    assert.equal(seen.status, 200, 'the receiving organisation sees it');
+    assert.equal((await t.request('GET', '/v1/payments/a2a', { key: otherKey })).body.data.length, 1);
+    const stranger = await t.createOrganization();
+    assert.equal((await t.request('GET', `/v1/payments/a2a/${created.escrow_id}`, { key: stranger.adminKey })).status, 404);
+    const done = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+      key: otherKey, body: { proofType: 'output_hash', proof: OUTPUT_HASH },
+    });
+    assert.equal(done.body.status, 'released', JSON.stringify(done.body));
+    assert.equal(await balanceOf(t, theirs.body.wallet_id, otherKey), '4.00');
+    const received = await t.request('GET', `/v1/wallets/${theirs.body.wallet_id}/transactions`, { key: otherKey });
+    assert.deepEqual(received.body.data.map((row: { type: string }) => row.type), ['a2a_receive']);
+    const external = await newRecipient();
+    const toAddress = (await open(from, external, { amount: '1', expectedOutputHash: OUTPUT_HASH })).body;
+    await t.request('POST', `/v1/payments/a2a/${toAddress.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } });
+    assert.equal(await chainBalance(external), 1_000_000n, 'any address can be paid through an escrow');
+    await assertConserved();
+  });
+
+  test('concurrent completes and disputes on one escrow end in exactly one outcome; a late complete races the timeout safely', async () => {
+    const from = await fundedWallet(t, '40');
+    const to = await fundedWallet(t, '0.5');
+    for (let round = 0; round < 3; round += 1) {
+      const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
+      const responses = await Promise.all(Array.from({ length: 6 }, (_, i) => t.request('POST',
+        `/v1/payments/a2a/${created.escrow_id}/${i % 2 ? 'dispute' : 'complete'}`,
+        { body: i % 2 ? { reason: 'race' } : { proofType: 'output_hash', proof: OUTPUT_HASH } })));
+      const winners = responses.filter((r) => r.status === 200);
+      assert.equal(winners.length, 1, `exactly one move wins: ${responses.map((r) => r.status)}`);
+      assert.deepEqual([...new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code))], ['escrow_already_settled']);
+      const final = await escrowOf(created.escrow_id);
+      assert.ok(['released', 'disputed'].includes(final.status), `one terminal or dispute state, not ${final.status}`);
+    }
+    const racing = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 60 })).body;
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 60 } });
+    const [complete] = await Promise.all([
+      t.request('POST', `/v1/payments/a2a/${racing.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } }),
+      tick(),
+    ]);
+    assert.equal(complete.status, 422, JSON.stringify(complete.body));
+    assert.ok(['escrow_expired', 'escrow_already_settled'].includes(complete.body.error.code), 'refused at its expiry');
+    await tick();
+    assert.equal((await escrowOf(racing.escrow_id)).status, 'refunded');
+    const [row] = await t.service.ctx.db.query<{ released: bigint }>(
+      `SELECT COALESCE(SUM(amount), 0)::bigint AS released FROM transactions WHERE wallet_id = $1 AND type = 'a2a_receive' AND status = 'confirmed'`,
+      [to.wallet_id]);
+    assert.equal(await chainBalance(to.chain_address), 500_000n + row!.released, 'the index equals the chain');
+    assert.equal(await chainBalance(from.chain_address), BigInt(Math.round(Number(await balanceOf(t, from.wallet_id)) * 1e6)));
+    await assertConserved();
+  });
+
+  test('idempotent creation makes one escrow; an agent needs its vault\'s session token', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const key = unique('escrow');
+    const responses = await Promise.all(Array.from({ length: 5 }, () => t.request('POST', '/v1/payments/a2a', {
+      headers: { 'idempotency-key': key },
+      body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '1', currency: 'USDC', taskDescription: 'once' },
+    })));
+    const ok = responses.filter((r) => r.status === 200);
+    assert.ok(ok.length >= 1, 'one answered with the escrow');
+    assert.equal(new Set(ok.map((r) => r.body.escrow_id)).size, 1);
+    assert.equal((await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`)).body.data.length, 1);
+    assert.equal(await balanceOf(t, from.wallet_id), '9.00');
+    const agent = await t.createKey('agent');
+    const without = await open(from, to.wallet_id, { amount: '1' }, agent);
+    assert.equal(without.body.error.code, 'session_token_invalid');
+    const token = (await t.request('POST', `/v1/wallets/${from.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+    const withToken = await t.request('POST', '/v1/payments/a2a', {
+      key: agent, headers: { 'session-token': token },
+      body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '1', currency: 'USDC', taskDescription: 'agent' },
+    });
+    assert.equal(withToken.status, 200, JSON.stringify(withToken.body));
+  });
+});

@@ -1,0 +1,637 @@
+/**
+ * Agent-to-agent escrow (SPEC.md "Escrow"): the requester's vault locks USDC in an escrow
+ * account of our program; a verified completion proof releases it to the receiver, a timeout
+ * refunds it, a dispute hands it to an arbiter who releases, refunds or splits it.
+ *
+ * Every step that moves the escrow on is a chain transaction, made like every money move of
+ * the service (DESIGN §5): signed first, then — under the escrow's row lock — the state is
+ * checked and the move recorded with its signature (`closing` names the move in flight, so no
+ * other can start), then sent and settled from the chain's outcome: by the request, by the
+ * transaction reconciler (moves with transaction rows) or by the `escrows.tick` job (disputes).
+ *
+ * Transaction rows (docs/escrow.md): creation writes `a2a_send` (the requester's vault pays,
+ * checked against its policy like a payment) and `escrow_lock` (the escrow account receives);
+ * a release writes `escrow_release` (the escrow pays out) and, when the receiver is a vault of
+ * this service, `a2a_receive` on it; a refund writes `escrow_refund`; a split writes the legs it has.
+ */
+import { address, type Address, type Signature } from '@solana/kit';
+import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
+import type { Database, Queryable } from '../db/database.ts';
+import { ServiceError } from '../errors/errors.ts';
+import { recordEvent, type EventType } from '../events/events.ts';
+import type { AppContext } from '../http/context.ts';
+import type { RecordMarker } from '../http/idempotency.ts';
+import { newId } from '../ids/ids.ts';
+import { formatUsdc } from '../money/money.ts';
+import {
+  attestationHashOf, commitSpend, frozenError, insufficientBalance, recordBlocked, rulesFor,
+} from '../payments/payments.ts';
+import { evaluate, type Violation } from '../payments/policy-engine.ts';
+import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-state.ts';
+import {
+  EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
+} from '../transactions/settlement.ts';
+import { assertVerifierUsable } from '../verifiers/verifiers.ts';
+import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
+import { sha256Of, verifyProof, type ProofInput } from './proofs.ts';
+
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
+
+export const ESCROW_STATUSES = ['locked', 'completed', 'released', 'refunded', 'disputed', 'resolved', 'failed'] as const;
+export type EscrowStatus = (typeof ESCROW_STATUSES)[number];
+type Closing = 'create' | 'release' | 'refund' | 'dispute' | 'resolve';
+
+export const TIMEOUT_SECONDS_DEFAULT = 3600;
+export const TIMEOUT_SECONDS_MIN = 60;
+export const TIMEOUT_SECONDS_MAX = 30 * 24 * 3600;
+export const TASK_DESCRIPTION_MAX = 10_000;
+/** How long a request waits for the chain before answering with the escrow as it stands. */
+export const ESCROW_WAIT_MS = 20_000;
+
+export interface EscrowRow {
+  id: string;
+  org_id: string;
+  from_wallet_id: string;
+  to_wallet: string;
+  receiver_address: string;
+  to_wallet_id: string | null;
+  receiver_org_id: string | null;
+  amount: bigint;
+  status: EscrowStatus;
+  closing: Closing | null;
+  closing_signature: string | null;
+  closing_valid_height: bigint | null;
+  chain_address: string;
+  token_address: string;
+  task_description: string;
+  task_hash: string;
+  expected_output_hash: string | null;
+  verifier_id: string | null;
+  proof_type: string | null;
+  output_url: string | null;
+  completed_at: Date | null;
+  dispute: { raised_by_org: string; raised_by_key: string; reason: string; evidence: string | null; raised_at: string } | null;
+  resolution: { to_receiver: string; to_sender: string; decided_by: string; decided_at: string } | null;
+  lock_signature: string | null;
+  settle_signature: string | null;
+  expires_at: Date;
+  created_at: Date;
+  updated_at: Date;
+  settled_at: Date | null;
+}
+
+export function escrowNotFound(escrowId: string): ServiceError {
+  return new ServiceError('escrow_not_found', `No escrow ${escrowId} involving your organisation.`, { param: 'escrow_id' });
+}
+
+/** An escrow the organisation takes part in, as requester or as receiver; others answer 404. */
+export async function getEscrow(q: Queryable, orgId: string, escrowId: string): Promise<EscrowRow> {
+  const [row] = await q.query<EscrowRow>(
+    'SELECT * FROM escrows WHERE id = $1 AND (org_id = $2 OR receiver_org_id = $2)', [escrowId, orgId]);
+  if (!row) throw escrowNotFound(escrowId);
+  return row;
+}
+
+async function lockEscrow(tx: Queryable, orgId: string, escrowId: string): Promise<EscrowRow> {
+  const [row] = await tx.query<EscrowRow>(
+    'SELECT * FROM escrows WHERE id = $1 AND (org_id = $2 OR receiver_org_id = $2) FOR UPDATE', [escrowId, orgId]);
+  if (!row) throw escrowNotFound(escrowId);
+  return row;
+}
+
+const SETTLED: ReadonlySet<EscrowStatus> = new Set(['completed', 'released', 'refunded', 'disputed', 'resolved', 'failed']);
+
+function alreadySettled(row: EscrowRow): ServiceError {
+  return new ServiceError('escrow_already_settled', `Escrow ${row.id} is ${row.status}: it can no longer change that way.`,
+    { escrow_id: row.id, status: row.status });
+}
+
+function expired(row: EscrowRow): ServiceError {
+  return new ServiceError('escrow_expired', `Escrow ${row.id} expired at ${row.expires_at.toISOString()}: it is refunded to the requester.`,
+    { escrow_id: row.id, expires_at: row.expires_at.toISOString() });
+}
+
+/** A move in flight: one at a time. */
+const IN_FLIGHT: Record<Closing, string> = {
+  create: 'created', release: 'released', refund: 'refunded', dispute: 'disputed', resolve: 'resolved',
+};
+
+function busy(row: EscrowRow): ServiceError {
+  return new ServiceError('escrow_already_settled', `Escrow ${row.id} is being ${IN_FLIGHT[row.closing!]} on chain.`,
+    { escrow_id: row.id, status: row.status });
+}
+
+/** The receiver as the request names it: a vault id of the organisation, or any chain address. */
+async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): Promise<{
+  address: string; walletId: string | null; orgId: string | null;
+}> {
+  if (toWallet.startsWith('wal_')) {
+    const [wallet] = await q.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, toWallet]);
+    if (!wallet) throw walletNotFound(toWallet);
+    assertNotArchived(wallet);
+    return { address: wallet.chain_address, walletId: wallet.id, orgId: wallet.org_id };
+  }
+  let receiver: Address;
+  try {
+    receiver = address(toWallet);
+  } catch {
+    throw new ServiceError('invalid_recipient', 'toWallet is a wallet id of your organisation or a chain address.', { param: 'to_wallet' });
+  }
+  // A vault of this service, of any organisation, is credited as a vault; anything else is paid as an address.
+  const [vault] = await q.query<{ id: string; org_id: string; status: string }>(
+    'SELECT id, org_id, status FROM wallets WHERE chain_address = $1', [receiver]);
+  if (vault?.status === 'archived') throw new ServiceError('wallet_archived', `The receiving vault ${receiver} is archived.`, { param: 'to_wallet' });
+  return { address: receiver, walletId: vault?.id ?? null, orgId: vault?.org_id ?? null };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create
+
+export interface CreateEscrowInput {
+  fromWallet: string;
+  toWallet: string;
+  amount: bigint;
+  taskDescription: string;
+  timeoutSeconds: number;
+  expectedOutputHash: string | null;
+  verifierId: string | null;
+}
+
+export interface EscrowOutcome {
+  /** null when refused */
+  escrow: EscrowRow | null;
+  /** when the requester's policy refused it (nothing was locked) */
+  violation: Violation | null;
+  /** the `a2a_send` record (blocked, or the lock) */
+  sendTxId: string;
+}
+
+const SIGN_ATTEMPTS_MAX = 5;
+
+/**
+ * Locks USDC of the requester's vault in a new escrow, after its policy allowed it (SPEC
+ * payment rule 8): debited at once, on chain within a slot.
+ */
+export async function createEscrow(
+  ctx: Ctx, orgId: string, input: CreateEscrowInput, options: { wait: boolean; mark?: RecordMarker },
+): Promise<EscrowOutcome> {
+  const receiver = await resolveReceiver(ctx.db, orgId, input.toWallet);
+  if (input.verifierId !== null) await assertVerifierUsable(ctx.db, orgId, input.verifierId);
+  const taskHash = sha256Of(input.taskDescription);
+  for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
+    const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, input.fromWallet]);
+    if (!unlocked) throw walletNotFound(input.fromWallet);
+    assertNotArchived(unlocked);
+    if (unlocked.chain_address === receiver.address) {
+      throw new ServiceError('invalid_recipient', 'An escrow pays another vault than the one it locks.', { param: 'to_wallet' });
+    }
+    const nowMs = ctx.clock.nowMs();
+    const escrowId = newId('esc', nowMs);
+    const sendTxId = newId('tx', nowMs);
+    const expiresAtSeconds = BigInt(Math.floor(nowMs / 1000) + input.timeoutSeconds);
+    const { escrow: escrowAddress, escrowToken } = await ctx.chain.escrowAddresses(escrowId);
+    const prepared = await ctx.chain.prepare([
+      referenceMemoIx(escrowId),
+      await ctx.chain.escrowCreateIx({
+        orgId, agentId: unlocked.agent_id, policyId: unlocked.policy_id, escrowId, receiver: address(receiver.address),
+        amount: input.amount, taskHash: Buffer.from(taskHash.slice('sha256:'.length), 'hex'), expiresAtSeconds,
+      }),
+    ]);
+    const attestation = attestationHashOf({
+      walletId: unlocked.id, recipient: input.toWallet, amount: input.amount, currency: 'USDC', memo: null, category: null, atMs: nowMs,
+    });
+
+    const decided = await ctx.db.transaction(async (tx) => {
+      const recordedMs = ctx.clock.nowMs();
+      const wallet = await lockWallet(tx, orgId, input.fromWallet);
+      assertNotArchived(wallet);
+      if (wallet.status === 'frozen') throw frozenError(wallet);
+      if (wallet.policy_id !== unlocked.policy_id) return null;
+      const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
+      const decision = evaluate(await rulesFor(tx, wallet), spendStateOf(windows), {
+        amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: null, atMs: recordedMs,
+      });
+      const asPayment = { walletId: wallet.id, to: input.toWallet, amount: input.amount, memo: null, category: null };
+      if (!decision.allowed) {
+        await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
+          decision.violation, sendTxId, 'a2a_send');
+        await options.mark?.(tx, sendTxId);
+        return { escrowId: null, violation: decision.violation };
+      }
+      // An escrow is not held for a co-signature: above requireCoSign it is refused like any other rule.
+      if (decision.requiresApproval) {
+        const violation: Violation = { rule: 'require_co_sign', limit: 'co-signature', attempted: formatUsdc(input.amount) };
+        await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
+          violation, sendTxId, 'a2a_send');
+        await options.mark?.(tx, sendTxId);
+        return { escrowId: null, violation };
+      }
+      if (wallet.balance < input.amount) throw insufficientBalance(wallet, input.amount);
+      const now = new Date(recordedMs);
+      await tx.query(
+        `INSERT INTO escrows (id, org_id, from_wallet_id, to_wallet, receiver_address, to_wallet_id, receiver_org_id, amount,
+           status, closing, closing_signature, closing_valid_height, chain_address, token_address, task_description, task_hash,
+           expected_output_hash, verifier_id, lock_signature, expires_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'locked', 'create', $9, $10, $11, $12, $13, $14, $15, $16, $9, $17, $18, $18)`,
+        [escrowId, orgId, wallet.id, input.toWallet, receiver.address, receiver.walletId, receiver.orgId, input.amount,
+          prepared.signature, prepared.lastValidBlockHeight, escrowAddress, escrowToken, input.taskDescription, taskHash,
+          input.expectedOutputHash, input.verifierId, new Date(Number(expiresAtSeconds) * 1000), now]);
+      const send = await insertTransaction(tx, recordedMs, {
+        id: sendTxId, orgId, walletId: wallet.id, type: 'a2a_send', amount: input.amount, recipient: input.toWallet,
+        policyId: wallet.policy_id, attestationHash: attestation, signature: prepared.signature,
+        lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId, recipientAddress: receiver.address, spendAtMs: recordedMs,
+      });
+      await insertTransaction(tx, recordedMs, {
+        orgId, walletId: wallet.id, type: 'escrow_lock', amount: input.amount, recipient: escrowAddress,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId,
+      });
+      await commitSpend(tx, recordedMs, wallet, send.amount, windows);
+      await options.mark?.(tx, escrowId);
+      return { escrowId, violation: null };
+    });
+    if (decided === null) continue;
+    if (decided.violation) return { escrow: null, violation: decided.violation, sendTxId };
+    await submit(ctx, prepared, options.wait);
+    return { escrow: await getEscrow(ctx.db, orgId, decided.escrowId), violation: null, sendTxId };
+  }
+  throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the escrow was signed; retry.');
+}
+
+async function submit(ctx: Ctx, prepared: PreparedTransaction, wait: boolean): Promise<void> {
+  try {
+    await ctx.chain.submit(prepared);
+  } catch (error) {
+    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting an escrow transaction failed; the reconciler settles it');
+  }
+  const settle = awaitSettlement(ctx, prepared.signature, ESCROW_WAIT_MS);
+  if (wait) await settle;
+  else void settle.catch((error) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Complete → release
+
+/** The receiver (or the requester) shows a completion proof; verified, the escrow is released to the receiver. */
+export async function completeEscrow(
+  ctx: Ctx, orgId: string, escrowId: string, proof: ProofInput, options: { wait: boolean },
+): Promise<EscrowRow> {
+  const before = await getEscrow(ctx.db, orgId, escrowId);
+  assertCompletable(before, ctx.clock.nowMs());
+  await verifyProof(ctx.db, ctx.clock.nowMs(), before, proof, { allowPrivate: ctx.config.allowPrivateWebhooks });
+  const prepared = await ctx.chain.prepare([
+    referenceMemoIx(`${escrowId}:release`), await ctx.chain.escrowReleaseIx(escrowId, address(before.receiver_address)),
+  ]);
+  await ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const escrow = await lockEscrow(tx, orgId, escrowId);
+    assertCompletable(escrow, nowMs);
+    await tx.query(
+      `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
+         proof_type = $4, output_url = $5, completed_at = $6, updated_at = $6 WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, proof.proofType, proof.outputUrl, new Date(nowMs)]);
+    await recordPayout(tx, nowMs, escrow, prepared, escrow.amount, 0n);
+    await recordEvent(tx, nowMs, {
+      orgId: escrow.org_id, type: 'escrow.completed', walletId: escrow.from_wallet_id,
+      summary: `Escrow ${escrow.id}: completion proof (${proof.proofType}) verified; releasing ${formatUsdc(escrow.amount)} USDC`,
+      payload: {
+        escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
+        proof_type: proof.proofType,
+      },
+    });
+  });
+  await submit(ctx, prepared, options.wait);
+  return getEscrow(ctx.db, orgId, escrowId);
+}
+
+function assertCompletable(escrow: EscrowRow, nowMs: number): void {
+  if (escrow.closing !== null && escrow.status === 'locked') throw busy(escrow);
+  if (SETTLED.has(escrow.status)) throw alreadySettled(escrow);
+  if (nowMs >= escrow.expires_at.getTime()) throw expired(escrow);
+}
+
+/**
+ * The transaction rows of a payout from the escrow: `escrow_release` (and `a2a_receive` on a
+ * receiving vault of this service) for the receiver's leg, `escrow_refund` for the sender's.
+ */
+async function recordPayout(
+  tx: Queryable, nowMs: number, escrow: EscrowRow, prepared: { signature: string; lastValidBlockHeight: bigint },
+  toReceiver: bigint, toSender: bigint,
+): Promise<void> {
+  const common = { signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId: escrow.id };
+  if (toReceiver > 0n) {
+    await insertTransaction(tx, nowMs, {
+      ...common, orgId: escrow.org_id, walletId: escrow.from_wallet_id, type: 'escrow_release', amount: toReceiver,
+      recipient: escrow.to_wallet,
+    });
+    if (escrow.to_wallet_id !== null) {
+      await insertTransaction(tx, nowMs, {
+        ...common, orgId: escrow.receiver_org_id!, walletId: escrow.to_wallet_id, type: 'a2a_receive', amount: toReceiver,
+        recipient: escrow.receiver_address,
+      });
+    }
+  }
+  if (toSender > 0n) {
+    const [sender] = await tx.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [escrow.from_wallet_id]);
+    await insertTransaction(tx, nowMs, {
+      ...common, orgId: escrow.org_id, walletId: escrow.from_wallet_id, type: 'escrow_refund', amount: toSender,
+      recipient: sender!.chain_address,
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timeout → refund
+
+const TICK_BATCH_MAX = 100;
+
+/**
+ * The `escrows.tick` job: refunds every locked escrow past its expiry (following the service
+ * clock), and settles disputes whose chain transaction the request did not see through.
+ */
+export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disputesSettled: number }> {
+  const nowMs = ctx.clock.nowMs();
+  const due = await ctx.db.query<{ id: string; org_id: string }>(
+    `SELECT id, org_id FROM escrows WHERE status = 'locked' AND closing IS NULL AND expires_at <= $1
+     ORDER BY expires_at LIMIT ${TICK_BATCH_MAX}`, [new Date(nowMs)]);
+  const sent: PreparedTransaction[] = [];
+  for (const { id, org_id: orgId } of due) {
+    try {
+      const prepared = await refundExpired(ctx, orgId, id);
+      if (prepared) sent.push(prepared);
+    } catch (error) {
+      ctx.log.warn({ err: error, escrowId: id }, 'refunding an expired escrow failed; retried at the next tick');
+    }
+  }
+  // Sent one after the other, settled together: a slot confirms them all.
+  await Promise.all(sent.map((prepared) => submit(ctx, prepared, true)));
+  return { refunding: sent.length, disputesSettled: await settleDisputes(ctx) };
+}
+
+/** Records the refund of an expired escrow; returns its chain transaction to send, or null when it is not due. */
+async function refundExpired(ctx: Ctx, orgId: string, escrowId: string): Promise<PreparedTransaction | null> {
+  const escrow = await getEscrow(ctx.db, orgId, escrowId);
+  const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [escrow.from_wallet_id]);
+  const prepared = await ctx.chain.prepare([
+    referenceMemoIx(`${escrowId}:refund`), await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address)),
+  ]);
+  return ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const locked = await lockEscrow(tx, orgId, escrowId);
+    if (locked.status !== 'locked' || locked.closing !== null || nowMs < locked.expires_at.getTime()) return null;
+    await tx.query(
+      `UPDATE escrows SET closing = 'refund', closing_signature = $2, closing_valid_height = $3, updated_at = $4 WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, new Date(nowMs)]);
+    await recordPayout(tx, nowMs, locked, prepared, 0n, locked.amount);
+    return prepared;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispute and resolution
+
+export interface DisputeInput {
+  reason: string;
+  evidence: string | null;
+}
+
+/** Either party raises a dispute before the timeout: only an arbiter settles the escrow then. */
+export async function disputeEscrow(ctx: Ctx, orgId: string, keyId: string, escrowId: string, input: DisputeInput): Promise<EscrowRow> {
+  const before = await getEscrow(ctx.db, orgId, escrowId);
+  assertCompletable(before, ctx.clock.nowMs());
+  const prepared = await ctx.chain.prepare([referenceMemoIx(`${escrowId}:dispute`), await ctx.chain.escrowDisputeIx(escrowId)]);
+  await ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const escrow = await lockEscrow(tx, orgId, escrowId);
+    assertCompletable(escrow, nowMs);
+    const dispute = {
+      raised_by_org: orgId, raised_by_key: keyId, reason: input.reason, evidence: input.evidence, raised_at: new Date(nowMs).toISOString(),
+    };
+    await tx.query(
+      `UPDATE escrows SET closing = 'dispute', closing_signature = $2, closing_valid_height = $3, dispute = $4, updated_at = $5
+       WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, JSON.stringify(dispute), new Date(nowMs)]);
+  });
+  try {
+    await ctx.chain.submit(prepared);
+  } catch (error) {
+    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a dispute failed; escrows.tick settles it');
+  }
+  try {
+    const outcome = await ctx.chain.waitForOutcome(prepared.signature, ESCROW_WAIT_MS);
+    await settleDispute(ctx.db, ctx.clock.nowMs(), escrowId, prepared.signature, outcome.err?.name ?? null);
+  } catch (error) {
+    ctx.log.warn({ err: error, escrowId }, 'no outcome for the dispute yet; escrows.tick settles it');
+  }
+  return getEscrow(ctx.db, orgId, escrowId);
+}
+
+/** A dispute's chain outcome: disputed with `escrow.disputed`, or back to locked when the chain refused it. */
+async function settleDispute(db: Database, nowMs: number, escrowId: string, signature: string, error: string | null): Promise<void> {
+  await db.transaction(async (tx) => {
+    const [escrow] = await tx.query<EscrowRow>(
+      `SELECT * FROM escrows WHERE id = $1 AND closing = 'dispute' AND closing_signature = $2 FOR UPDATE`, [escrowId, signature]);
+    if (!escrow) return;
+    if (error !== null) {
+      await tx.query(
+        `UPDATE escrows SET closing = NULL, closing_signature = NULL, closing_valid_height = NULL, dispute = NULL, updated_at = $2
+         WHERE id = $1`, [escrowId, new Date(nowMs)]);
+      return;
+    }
+    await tx.query(
+      `UPDATE escrows SET status = 'disputed', closing = NULL, closing_signature = NULL, closing_valid_height = NULL, updated_at = $2
+       WHERE id = $1`, [escrowId, new Date(nowMs)]);
+    const payload = {
+      escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
+      reason: escrow.dispute!.reason, evidence: escrow.dispute!.evidence, raised_by_org: escrow.dispute!.raised_by_org,
+    };
+    for (const orgId of new Set([escrow.org_id, escrow.receiver_org_id ?? escrow.org_id])) {
+      await recordEvent(tx, nowMs, {
+        orgId, type: 'escrow.disputed', walletId: orgId === escrow.org_id ? escrow.from_wallet_id : escrow.to_wallet_id,
+        summary: `Escrow ${escrow.id} of ${formatUsdc(escrow.amount)} USDC disputed: ${escrow.dispute!.reason.slice(0, 120)}`,
+        payload,
+      });
+    }
+  });
+}
+
+async function settleDisputes(ctx: Ctx): Promise<number> {
+  const open = await ctx.db.query<{ id: string; closing_signature: string; closing_valid_height: bigint }>(
+    `SELECT id, closing_signature, closing_valid_height FROM escrows WHERE closing = 'dispute' ORDER BY updated_at LIMIT ${TICK_BATCH_MAX}`);
+  if (!open.length) return 0;
+  const outcomes = await ctx.chain.getOutcomes(open.map((row) => row.closing_signature as Signature));
+  const height = await ctx.chain.getBlockHeight();
+  let settled = 0;
+  for (const [index, row] of open.entries()) {
+    const outcome = outcomes[index];
+    if (outcome) {
+      await settleDispute(ctx.db, ctx.clock.nowMs(), row.id, row.closing_signature, outcome.err?.name ?? null);
+      settled += 1;
+    } else if (height > row.closing_valid_height + EXPIRY_MARGIN_BLOCKS) {
+      await settleDispute(ctx.db, ctx.clock.nowMs(), row.id, row.closing_signature, 'Expired');
+      settled += 1;
+    }
+  }
+  return settled;
+}
+
+export interface Resolution {
+  toReceiver: bigint;
+  toSender: bigint;
+}
+
+/** An arbiter settles a disputed escrow: all to the receiver, all back, or a split; written on chain. */
+export async function resolveEscrow(
+  ctx: Ctx, orgId: string, keyId: string, escrowId: string, split: Resolution, options: { wait: boolean },
+): Promise<EscrowRow> {
+  const before = await getEscrow(ctx.db, orgId, escrowId);
+  if (before.org_id !== orgId) throw escrowNotFound(escrowId); // the requester's organisation arbitrates
+  assertResolvable(before, split);
+  const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [before.from_wallet_id]);
+  const prepared = await ctx.chain.prepare([
+    referenceMemoIx(`${escrowId}:resolve`),
+    await ctx.chain.escrowResolveIx(escrowId, address(before.receiver_address), address(sender!.chain_address), split),
+  ]);
+  await ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const escrow = await lockEscrow(tx, orgId, escrowId);
+    assertResolvable(escrow, split);
+    const resolution = {
+      to_receiver: formatUsdc(split.toReceiver), to_sender: formatUsdc(split.toSender), decided_by: keyId,
+      decided_at: new Date(nowMs).toISOString(),
+    };
+    await tx.query(
+      `UPDATE escrows SET closing = 'resolve', closing_signature = $2, closing_valid_height = $3, resolution = $4, updated_at = $5
+       WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, JSON.stringify(resolution), new Date(nowMs)]);
+    await recordPayout(tx, nowMs, escrow, prepared, split.toReceiver, split.toSender);
+  });
+  await submit(ctx, prepared, options.wait);
+  return getEscrow(ctx.db, orgId, escrowId);
+}
+
+function assertResolvable(escrow: EscrowRow, split: Resolution): void {
+  if (escrow.status !== 'disputed') {
+    throw new ServiceError('escrow_already_settled', `Escrow ${escrow.id} is ${escrow.status}: only a disputed escrow is resolved.`,
+      { escrow_id: escrow.id, status: escrow.status });
+  }
+  if (escrow.closing !== null) throw busy(escrow);
+  if (split.toReceiver + split.toSender !== escrow.amount) {
+    throw new ServiceError('invalid_amount', `The split must add up to the escrow's ${formatUsdc(escrow.amount)} USDC.`,
+      { param: 'to_receiver' });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settlement: what each escrow transaction's chain outcome does
+
+/** The escrow's final status after its payout landed. */
+function statusAfterPayout(escrow: EscrowRow): EscrowStatus {
+  if (escrow.closing === 'release') return 'released';
+  if (escrow.closing === 'refund') return 'refunded';
+  const toReceiver = escrow.resolution?.to_receiver ?? '0.00';
+  const toSender = escrow.resolution?.to_sender ?? '0.00';
+  if (Number(toSender) === 0) return 'released';
+  if (Number(toReceiver) === 0) return 'refunded';
+  return 'resolved';
+}
+
+/**
+ * Ends the escrow's move in flight once, whichever of its rows settles first (the rows of one
+ * chain transaction settle in one database transaction). Returns the escrow as it was.
+ */
+async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, confirmed: boolean): Promise<EscrowRow | null> {
+  const [escrow] = await tx.query<EscrowRow>(
+    'SELECT * FROM escrows WHERE id = $1 AND closing_signature = $2 FOR UPDATE', [row.escrow_id, row.tx_signature]);
+  if (!escrow) return null;
+  const now = new Date(nowMs);
+  if (confirmed) {
+    const status = escrow.closing === 'create' ? 'locked' : statusAfterPayout(escrow);
+    const settledAt = escrow.closing === 'create' ? null : now;
+    await tx.query(
+      `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_valid_height = NULL, updated_at = $3,
+         settled_at = $4, settle_signature = CASE WHEN $4::timestamptz IS NULL THEN settle_signature ELSE $5 END WHERE id = $1`,
+      [escrow.id, status, now, settledAt, row.tx_signature]);
+    await writeClosingEvents(tx, nowMs, escrow, status, row.tx_signature!);
+  } else {
+    // The chain refused the move: a refused creation never locked anything; a refused payout
+    // leaves the escrow as it was before (a release after the expiry: the timeout refunds it).
+    const status = escrow.closing === 'create' ? 'failed' : escrow.closing === 'resolve' ? 'disputed' : 'locked';
+    await tx.query(
+      `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_valid_height = NULL,
+         resolution = CASE WHEN closing = 'resolve' THEN NULL ELSE resolution END, updated_at = $3,
+         settled_at = CASE WHEN $2 = 'failed' THEN $3 ELSE settled_at END WHERE id = $1`,
+      [escrow.id, status, now]);
+  }
+  return escrow;
+}
+
+async function writeClosingEvents(tx: Queryable, nowMs: number, escrow: EscrowRow, status: EscrowStatus, signature: string): Promise<void> {
+  const base = {
+    escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
+    tx_signature: signature, timestamp: new Date(nowMs).toISOString(),
+  };
+  const both = async (type: EventType, summary: string, payload: Record<string, unknown>) => {
+    for (const orgId of new Set([escrow.org_id, escrow.receiver_org_id ?? escrow.org_id])) {
+      await recordEvent(tx, nowMs, {
+        orgId, type, walletId: orgId === escrow.org_id ? escrow.from_wallet_id : escrow.to_wallet_id, summary, payload,
+      });
+    }
+  };
+  if (escrow.closing === 'create') {
+    await both('escrow.created', `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC locked for ${escrow.to_wallet}`,
+      { ...base, expires_at: escrow.expires_at.toISOString(), task_hash: escrow.task_hash });
+    return;
+  }
+  const resolution = escrow.closing === 'resolve' ? { resolution: { to_receiver: escrow.resolution!.to_receiver, to_sender: escrow.resolution!.to_sender } } : {};
+  if (status === 'released') {
+    await both('escrow.released', `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC released to ${escrow.to_wallet}`, { ...base, ...resolution });
+  } else if (status === 'refunded') {
+    const afterDispute = escrow.closing === 'resolve';
+    await both('escrow.refunded',
+      `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC refunded to ${escrow.from_wallet_id}${afterDispute ? ' after a dispute' : ' (timeout)'}`,
+      { ...base, reason: afterDispute ? 'dispute' : 'timeout', after_dispute: afterDispute, ...resolution });
+  } else {
+    await both('escrow.resolved',
+      `Escrow ${escrow.id} split: ${escrow.resolution!.to_receiver} USDC to ${escrow.to_wallet}, ${escrow.resolution!.to_sender} back`,
+      { ...base, ...resolution });
+  }
+}
+
+const nothing = async () => {};
+
+registerSettlementRule('a2a_send', {
+  async confirmed(tx, nowMs, row) {
+    await finishClosing(tx, nowMs, row, true);
+  },
+  async failed(tx, nowMs, row) {
+    await tx.query('UPDATE wallets SET balance = balance + $2 WHERE id = $1', [row.wallet_id, row.amount]);
+    await withdrawSpend(tx, row.wallet_id!, row.id);
+    await finishClosing(tx, nowMs, row, false);
+  },
+});
+registerSettlementRule('escrow_lock', { confirmed: nothing, failed: nothing });
+registerSettlementRule('escrow_release', {
+  async confirmed(tx, nowMs, row) { await finishClosing(tx, nowMs, row, true); },
+  async failed(tx, nowMs, row) { await finishClosing(tx, nowMs, row, false); },
+});
+registerSettlementRule('a2a_receive', {
+  async confirmed(tx, nowMs, row) {
+    await tx.query('UPDATE wallets SET balance = balance + $2, last_transaction_at = $3 WHERE id = $1',
+      [row.wallet_id, row.amount, new Date(nowMs)]);
+  },
+  failed: nothing,
+});
+registerSettlementRule('escrow_refund', {
+  async confirmed(tx, nowMs, row) {
+    await tx.query('UPDATE wallets SET balance = balance + $2, last_transaction_at = $3 WHERE id = $1',
+      [row.wallet_id, row.amount, new Date(nowMs)]);
+    const escrow = await finishClosing(tx, nowMs, row, true);
+    // A refund in full gives the requester's budgets back: the money never left its control.
+    if (escrow && statusAfterPayout(escrow) === 'refunded') {
+      const [send] = await tx.query<{ id: string }>(
+        `SELECT id FROM transactions WHERE escrow_id = $1 AND type = 'a2a_send' AND status = 'confirmed'`, [row.escrow_id]);
+      if (send) await withdrawSpend(tx, row.wallet_id!, send.id);
+    }
+  },
+  async failed(tx, nowMs, row) { await finishClosing(tx, nowMs, row, false); },
+});

@@ -1,0 +1,137 @@
+/**
+ * Completion proofs of an escrow (SPEC.md "Proof formats"), each really verified:
+ *
+ * - `output_hash`: `sha256:<64 hex>`. It must equal the escrow's `expectedOutputHash` when one
+ *   was given at creation, and the SHA-256 of the bytes at `outputUrl` when that is given
+ *   (fetched through the outbound guard). With neither there is nothing to verify it against,
+ *   and it is refused.
+ * - `signed_attestation`: `<base64url payload>.<base64url ed25519 signature>`; the payload is
+ *   JSON naming the escrow and its task hash, signed by the receiving vault's current session
+ *   authority (DESIGN §7).
+ * - `webhook_callback`: a proof string from the verifier named at creation (docs/verifiers.md).
+ *
+ * Any failure is 400 `invalid_proof` with the reason, and changes nothing.
+ */
+import { createHash } from 'node:crypto';
+import type { Queryable } from '../db/database.ts';
+import { ServiceError } from '../errors/errors.ts';
+import { fetchGuarded, OutboundError } from '../net/outbound.ts';
+import { verifyCallbackProof } from '../verifiers/verifiers.ts';
+import { verifySessionSignature } from '../wallets/session-token.ts';
+
+export const PROOF_TYPES = ['output_hash', 'signed_attestation', 'webhook_callback'] as const;
+export type ProofType = (typeof PROOF_TYPES)[number];
+
+export const SHA256_PATTERN = '^sha256:[0-9a-f]{64}$';
+const SHA256 = new RegExp(SHA256_PATTERN);
+/** An output fetched to check its hash: at most this long and this large. */
+export const OUTPUT_FETCH_TIMEOUT_MS = 5_000;
+export const OUTPUT_MAX_BYTES = 10 * 1024 * 1024;
+export const PROOF_MAX_CHARS = 8_192;
+
+export interface EscrowForProof {
+  id: string;
+  org_id: string;
+  task_hash: string;
+  expected_output_hash: string | null;
+  verifier_id: string | null;
+  to_wallet_id: string | null;
+}
+
+export interface ProofInput {
+  proofType: ProofType;
+  proof: string;
+  outputUrl: string | null;
+}
+
+export function invalidProof(message: string): ServiceError {
+  return new ServiceError('invalid_proof', message, { param: 'proof' });
+}
+
+export function sha256Of(bytes: Uint8Array | string): string {
+  return `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
+}
+
+/** The message an agent signs for `signed_attestation`: what the payload's JSON must hold. */
+export interface AttestationPayload {
+  escrow_id: string;
+  task_hash: string;
+  /** optional: the hash of what was delivered */
+  output_hash?: string;
+}
+
+/** Builds a `signed_attestation` proof with a signing function (SDKs and tests). */
+export function encodeAttestation(payload: AttestationPayload, sign: (message: Uint8Array) => Uint8Array): string {
+  const bytes = Buffer.from(JSON.stringify(payload));
+  return `${bytes.toString('base64url')}.${Buffer.from(sign(bytes)).toString('base64url')}`;
+}
+
+async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allowPrivate: boolean): Promise<void> {
+  if (!SHA256.test(input.proof)) throw invalidProof('An output_hash proof is "sha256:" followed by 64 lowercase hex digits.');
+  if (escrow.expected_output_hash === null && input.outputUrl === null) {
+    throw invalidProof('Nothing to verify this output_hash against: give outputUrl, or create the escrow with expectedOutputHash.');
+  }
+  if (escrow.expected_output_hash !== null && input.proof !== escrow.expected_output_hash) {
+    throw invalidProof('The output hash differs from the expectedOutputHash the escrow was created with.');
+  }
+  if (input.outputUrl !== null) {
+    let body: Buffer;
+    try {
+      const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
+      if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
+      body = response.body;
+    } catch (error) {
+      if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
+      throw error;
+    }
+    if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
+  }
+}
+
+async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForProof, proof: string): Promise<void> {
+  if (escrow.to_wallet_id === null) {
+    throw invalidProof('A signed_attestation needs a receiving vault of this service (its session authority signs it).');
+  }
+  const [payloadText, signatureText, extra] = proof.split('.');
+  if (!payloadText || !signatureText || extra !== undefined) throw invalidProof('A signed_attestation is "<base64url payload>.<base64url signature>".');
+  const payloadBytes = Buffer.from(payloadText, 'base64url');
+  let payload: Partial<AttestationPayload>;
+  try {
+    payload = JSON.parse(payloadBytes.toString('utf8')) as Partial<AttestationPayload>;
+  } catch {
+    throw invalidProof('The signed_attestation payload is not base64url JSON.');
+  }
+  if (payload?.escrow_id !== escrow.id) throw invalidProof('The attestation names another escrow.');
+  if (payload.task_hash !== escrow.task_hash) throw invalidProof('The attestation names another task.');
+  if (payload.output_hash !== undefined && (typeof payload.output_hash !== 'string' || !SHA256.test(payload.output_hash))) {
+    throw invalidProof('The attestation\'s output_hash is not "sha256:<64 hex>".');
+  }
+  if (escrow.expected_output_hash !== null && payload.output_hash !== escrow.expected_output_hash) {
+    throw invalidProof('The attestation\'s output_hash differs from the expectedOutputHash the escrow was created with.');
+  }
+  const [vault] = await q.query<{ session_public_key: string | null; session_expires_at: Date | null }>(
+    'SELECT session_public_key, session_expires_at FROM wallets WHERE id = $1', [escrow.to_wallet_id]);
+  if (!vault?.session_public_key || !vault.session_expires_at || vault.session_expires_at.getTime() <= nowMs) {
+    throw invalidProof('The receiving vault has no current session authority to verify the attestation with.');
+  }
+  const signature = Buffer.from(signatureText, 'base64url');
+  if (!verifySessionSignature(vault.session_public_key, payloadBytes, signature)) {
+    throw invalidProof('The attestation is not signed by the receiving vault\'s current session authority.');
+  }
+}
+
+/** Verifies a completion proof against its escrow; throws `invalid_proof` with the reason. */
+export async function verifyProof(
+  q: Queryable, nowMs: number, escrow: EscrowForProof, input: ProofInput, options: { allowPrivate: boolean },
+): Promise<void> {
+  if (input.proof.length > PROOF_MAX_CHARS) throw invalidProof(`A proof is at most ${PROOF_MAX_CHARS} characters.`);
+  switch (input.proofType) {
+    case 'output_hash':
+      return verifyOutputHash(escrow, input, options.allowPrivate);
+    case 'signed_attestation':
+      return verifyAttestation(q, nowMs, escrow, input.proof);
+    case 'webhook_callback':
+      if (escrow.verifier_id === null) throw invalidProof('This escrow names no verifier: a webhook_callback proof cannot be checked.');
+      return verifyCallbackProof(q, nowMs, escrow.org_id, escrow.verifier_id, escrow.id, input.proof);
+  }
+}

@@ -1,0 +1,290 @@
+/**
+ * Escrow endpoints (SPEC.md `/v1/payments/a2a`): create, complete with a proof, dispute,
+ * resolve (arbiter), read and list. docs/escrow.md has the decisions.
+ */
+import { Type } from 'typebox';
+import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import type { App } from '../http/app.ts';
+import { principalOf, type Principal } from '../http/auth.ts';
+import type { AppContext } from '../http/context.ts';
+import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
+import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { getTransaction } from '../transactions/views.ts';
+import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
+import {
+  TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
+  completeEscrow, createEscrow, disputeEscrow, getEscrow, resolveEscrow, type EscrowOutcome, type EscrowRow,
+} from './escrows.ts';
+import { PROOF_MAX_CHARS, SHA256_PATTERN } from './proofs.ts';
+
+const StringOrNull = Type.Union([Type.String(), Type.Null()]);
+const EscrowStatusSchema = Type.Union([
+  Type.Literal('locked'), Type.Literal('completed'), Type.Literal('released'), Type.Literal('refunded'),
+  Type.Literal('disputed'), Type.Literal('resolved'), Type.Literal('failed'),
+]);
+const ProofTypeSchema = Type.Union([Type.Literal('output_hash'), Type.Literal('signed_attestation'), Type.Literal('webhook_callback')]);
+
+export const EscrowView = Type.Object({
+  escrow_id: Type.String(),
+  from_wallet: Type.String({ description: 'the requesting vault' }),
+  to_wallet: Type.String({ description: 'the receiver as the request named it: a vault id or a chain address' }),
+  to_wallet_id: Type.Union([Type.String(), Type.Null()], { description: 'the receiving vault when it is one of this service' }),
+  receiver_address: Type.String({ description: 'the chain address paid on release' }),
+  amount: Type.String(),
+  currency: Type.String(),
+  status: EscrowStatusSchema,
+  in_flight: Type.Union([Type.String(), Type.Null()], {
+    description: 'a chain transaction moving the escrow on is pending: create, release, refund, dispute or resolve',
+  }),
+  chain_address: Type.String({ description: 'the escrow account, separate from both vaults' }),
+  task_hash: Type.String({ description: 'sha256 of taskDescription, as recorded on chain' }),
+  expected_output_hash: StringOrNull,
+  verifier_id: StringOrNull,
+  proof_type: StringOrNull,
+  completed_at: StringOrNull,
+  dispute: Type.Union([Type.Object({
+    raised_by_org: Type.String(), reason: Type.String(), evidence: StringOrNull, raised_at: Type.String(),
+  }), Type.Null()]),
+  resolution: Type.Union([Type.Object({
+    to_receiver: Type.String(), to_sender: Type.String(), decided_by: Type.String(), decided_at: Type.String(),
+  }), Type.Null()]),
+  lock_tx_signature: StringOrNull,
+  settle_tx_signature: StringOrNull,
+  expires_at: Type.String(),
+  created_at: Type.String(),
+  updated_at: Type.String(),
+  settled_at: StringOrNull,
+});
+
+export function escrowView(row: EscrowRow) {
+  return {
+    escrow_id: row.id,
+    from_wallet: row.from_wallet_id,
+    to_wallet: row.to_wallet,
+    to_wallet_id: row.to_wallet_id,
+    receiver_address: row.receiver_address,
+    amount: formatUsdc(row.amount),
+    currency: 'USDC',
+    status: row.status,
+    in_flight: row.closing,
+    chain_address: row.chain_address,
+    task_hash: row.task_hash,
+    expected_output_hash: row.expected_output_hash,
+    verifier_id: row.verifier_id,
+    proof_type: row.proof_type,
+    completed_at: row.completed_at?.toISOString() ?? null,
+    dispute: row.dispute && {
+      raised_by_org: row.dispute.raised_by_org, reason: row.dispute.reason, evidence: row.dispute.evidence, raised_at: row.dispute.raised_at,
+    },
+    resolution: row.resolution,
+    lock_tx_signature: row.lock_signature,
+    settle_tx_signature: row.settle_signature,
+    expires_at: row.expires_at.toISOString(),
+    created_at: row.created_at.toISOString(),
+    updated_at: row.updated_at.toISOString(),
+    settled_at: row.settled_at?.toISOString() ?? null,
+  };
+}
+
+const EscrowParams = Type.Object({ escrow_id: Type.String({ maxLength: 64 }) });
+const WaitField = Type.Optional(Type.Boolean({
+  default: true, description: 'false: answer as soon as the chain transaction is sent (`in_flight` tells what is pending)',
+}));
+
+function amountOf(text: string, param: string, allowZero = false): bigint {
+  const amount = parseUsdc(text, { allowZero });
+  if (amount === null) {
+    throw new ServiceError('invalid_amount', `${param} must be a ${allowZero ? '' : 'positive '}decimal string of USDC with at most 6 decimals.`, { param });
+  }
+  return amount;
+}
+
+export function escrowRoutes(app: App, ctx: AppContext): void {
+  const sessionTokenOf = (headers: Record<string, unknown>) =>
+    (typeof headers['session-token'] === 'string' ? headers['session-token'] : undefined);
+
+  /** An agent acts on an escrow through a vault of its organisation taking part in it, with that vault's token. */
+  const authorizeParty = async (principal: Principal, escrow: EscrowRow, headers: Record<string, unknown>) => {
+    if (principal.role !== 'agent') return;
+    const token = sessionTokenOf(headers);
+    const vaults = [escrow.org_id === principal.orgId ? escrow.from_wallet_id : null,
+      escrow.receiver_org_id === principal.orgId ? escrow.to_wallet_id : null].filter((id): id is string => id !== null);
+    let lastError: unknown = new ServiceError('session_token_invalid', 'Send the Session-Token of a vault taking part in this escrow.');
+    for (const walletId of vaults) {
+      try {
+        assertVaultAccess(principal, await getWallet(ctx.db, principal.orgId, walletId), token, ctx.clock.nowMs());
+        return;
+      } catch (error) {
+        lastError = error;
+      }
+    }
+    throw lastError;
+  };
+
+  const answer = (outcome: EscrowOutcome) => {
+    if (outcome.violation) {
+      throw new ServiceError('policy_violation', `The escrow breaks the ${outcome.violation.rule} rule of the requesting vault's policy.`,
+        { violation: outcome.violation, tx_id: outcome.sendTxId });
+    }
+    return { status: 200, body: escrowView(outcome.escrow!) };
+  };
+
+  app.post('/v1/payments/a2a', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Escrow'], summary: 'Lock USDC of a vault in escrow for another agent, checked against the vault\'s policy',
+      description: 'An `agent` key must send the Session-Token of `fromWallet`. A policy violation is 402, recorded as a '
+        + 'blocked `a2a_send`; nothing is locked.',
+      body: Type.Object({
+        fromWallet: Type.String({ maxLength: 64 }),
+        toWallet: Type.String({ minLength: 1, maxLength: 64, description: 'a vault id of your organisation, or the chain address of any vault or account' }),
+        amount: Type.String(),
+        currency: Type.String(),
+        taskDescription: Type.String({ minLength: 1, maxLength: TASK_DESCRIPTION_MAX, description: 'recorded on chain as its SHA-256' }),
+        timeoutSeconds: Type.Optional(Type.Integer({ minimum: TIMEOUT_SECONDS_MIN, maximum: TIMEOUT_SECONDS_MAX, default: TIMEOUT_SECONDS_DEFAULT })),
+        expectedOutputHash: Type.Optional(Type.String({ pattern: SHA256_PATTERN, description: 'an output_hash proof must equal it' })),
+        verifierId: Type.Optional(Type.String({ maxLength: 64, description: 'the verifier whose webhook_callback proofs complete it' })),
+        idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
+        waitForConfirmation: WaitField,
+      }, { additionalProperties: false }),
+      response: { 200: EscrowView },
+    },
+  }, async (request, reply) => {
+    const principal = principalOf(request);
+    const body = request.body;
+    if (body.currency !== 'USDC') throw new ServiceError('invalid_currency', `Only USDC is supported, not "${body.currency}".`, { param: 'currency' });
+    const amount = amountOf(body.amount, 'amount');
+    const from = await getWallet(ctx.db, principal.orgId, body.fromWallet);
+    assertVaultAccess(principal, from, sessionTokenOf(request.headers), ctx.clock.nowMs());
+    const input = {
+      fromWallet: body.fromWallet, toWallet: body.toWallet.trim(), amount, taskDescription: body.taskDescription,
+      timeoutSeconds: body.timeoutSeconds ?? TIMEOUT_SECONDS_DEFAULT, expectedOutputHash: body.expectedOutputHash ?? null,
+      verifierId: body.verifierId ?? null,
+    };
+    const result = await runIdempotent(ctx.db, {
+      orgId: principal.orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], body.idempotencyKey),
+      operation: 'escrows.create', params: input, nowMs: ctx.clock.nowMs(),
+      recover: async (id) => (id.startsWith('esc_')
+        ? { status: 200, body: escrowView(await getEscrow(ctx.db, principal.orgId, id)) }
+        : answer({ escrow: null, violation: (await getTransaction(ctx.db, principal.orgId, id)).violation as EscrowOutcome['violation'], sendTxId: id })),
+    }, async (mark) => answer(await createEscrow(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark })));
+    return sendIdempotent(reply, result);
+  });
+
+  app.post('/v1/payments/a2a/:escrow_id/complete', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Escrow'], summary: 'Show a completion proof; verified, the escrow is released to the receiver',
+      description: 'Either party may complete. Proof formats: docs/escrow.md. A proof that does not verify is 400 invalid_proof and changes nothing.',
+      params: EscrowParams,
+      body: Type.Object({
+        proofType: ProofTypeSchema,
+        proof: Type.String({ minLength: 1, maxLength: PROOF_MAX_CHARS }),
+        outputUrl: Type.Optional(Type.String({ maxLength: 2048, description: 'fetched; the SHA-256 of its bytes must equal an output_hash proof' })),
+        waitForConfirmation: WaitField,
+      }, { additionalProperties: false }),
+      response: { 200: EscrowView },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
+    await authorizeParty(principal, escrow, request.headers);
+    const { proofType, proof, outputUrl } = request.body;
+    if (outputUrl !== undefined && proofType !== 'output_hash') throw invalidRequest('output_url', 'outputUrl goes with an output_hash proof.');
+    return escrowView(await completeEscrow(ctx, principal.orgId, escrow.id,
+      { proofType, proof, outputUrl: outputUrl ?? null }, { wait: request.body.waitForConfirmation ?? true }));
+  });
+
+  app.post('/v1/payments/a2a/:escrow_id/dispute', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Escrow'], summary: 'Dispute a locked escrow before its timeout: only an arbiter settles it then',
+      params: EscrowParams,
+      body: Type.Object({
+        reason: Type.String({ minLength: 1, maxLength: 1000 }),
+        evidence: Type.Optional(Type.String({ pattern: SHA256_PATTERN, description: 'a hash of the evidence, sha256:<hex>' })),
+      }, { additionalProperties: false }),
+      response: { 200: EscrowView },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
+    await authorizeParty(principal, escrow, request.headers);
+    return escrowView(await disputeEscrow(ctx, principal.orgId, principal.keyId, escrow.id,
+      { reason: request.body.reason, evidence: request.body.evidence ?? null }));
+  });
+
+  app.post('/v1/payments/a2a/:escrow_id/resolve', {
+    config: { permission: 'arbitrate' },
+    schema: {
+      tags: ['Escrow'], summary: 'Arbiter: settle a disputed escrow — release, refund, or split — written on chain',
+      params: EscrowParams,
+      body: Type.Object({
+        decision: Type.Union([Type.Literal('release'), Type.Literal('refund'), Type.Literal('split')]),
+        toReceiver: Type.Optional(Type.String({ description: 'split only: decimal USDC to the receiver' })),
+        toSender: Type.Optional(Type.String({ description: 'split only: decimal USDC back to the requester' })),
+        waitForConfirmation: WaitField,
+      }, { additionalProperties: false }),
+      response: { 200: EscrowView },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
+    const { decision, toReceiver, toSender } = request.body;
+    if (decision !== 'split' && (toReceiver !== undefined || toSender !== undefined)) {
+      throw invalidRequest('decision', 'toReceiver and toSender go with decision "split".');
+    }
+    let split: { toReceiver: bigint; toSender: bigint };
+    if (decision === 'release') split = { toReceiver: escrow.amount, toSender: 0n };
+    else if (decision === 'refund') split = { toReceiver: 0n, toSender: escrow.amount };
+    else {
+      if (toReceiver === undefined || toSender === undefined) throw invalidRequest('to_receiver', 'A split needs toReceiver and toSender.');
+      split = { toReceiver: amountOf(toReceiver, 'to_receiver', true), toSender: amountOf(toSender, 'to_sender', true) };
+    }
+    return escrowView(await resolveEscrow(ctx, principal.orgId, principal.keyId, escrow.id, split,
+      { wait: request.body.waitForConfirmation ?? true }));
+  });
+
+  app.get('/v1/payments/a2a/:escrow_id', {
+    config: { permission: 'vault_read' },
+    schema: { tags: ['Escrow'], summary: 'An escrow as it stands', params: EscrowParams, response: { 200: EscrowView } },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
+    await authorizeParty(principal, escrow, request.headers);
+    return escrowView(escrow);
+  });
+
+  app.get('/v1/payments/a2a', {
+    config: { permission: 'read' },
+    schema: {
+      tags: ['Escrow'], summary: 'Escrows your organisation takes part in, newest first',
+      querystring: Type.Object({
+        ...PageQuery,
+        walletId: Type.Optional(Type.String({ maxLength: 64, description: 'as sender or receiver' })),
+        status: Type.Optional(EscrowStatusSchema),
+      }, { additionalProperties: false }),
+      response: { 200: pageOf(EscrowView) },
+    },
+  }, async (request) => {
+    const { orgId } = principalOf(request);
+    const page = parsePageRequest(request.query);
+    const params: unknown[] = [orgId];
+    const where = ['(e.org_id = $1 OR e.receiver_org_id = $1)'];
+    if (request.query.walletId) {
+      params.push(request.query.walletId);
+      where.push(`(e.from_wallet_id = $${params.length} OR e.to_wallet_id = $${params.length})`);
+    }
+    if (request.query.status) {
+      params.push(request.query.status);
+      where.push(`e.status = $${params.length}`);
+    }
+    const after = keysetCondition(page, params.length + 1, 'e');
+    params.push(...after.params);
+    const rows = await ctx.db.query<EscrowRow>(
+      `SELECT e.* FROM escrows e WHERE ${where.join(' AND ')} AND ${after.sql}
+       ORDER BY e.created_at DESC, e.id DESC LIMIT ${page.limit + 1}`, params);
+    return toPage(rows, page, escrowView);
+  });
+}

@@ -1,0 +1,316 @@
+/**
+ * Every outbound HTTP call of the service goes through here (DESIGN §8): only http(s), never to
+ * loopback, private, link-local, CGNAT or otherwise non-public addresses unless the operator
+ * allowed private targets (AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS), checked on the URL at creation
+ * and again on every address DNS gives at call time. The connection then goes to a vetted
+ * address only, so a name that re-resolves between the check and the connect (DNS rebinding)
+ * cannot reach anything that was not checked. Redirects are returned, never followed; every
+ * call has a total deadline and a body size cap.
+ */
+import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
+import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { request as httpsRequest } from 'node:https';
+import { BlockList, isIP, type LookupFunction } from 'node:net';
+import { ServiceError } from '../errors/errors.ts';
+
+/** Browsers and proxies commonly cap URLs near here; a longer one is a mistake or an attack. */
+export const OUTBOUND_URL_LENGTH_MAX = 2048;
+
+// ---------------------------------------------------------------------------------------------
+// Address classes
+
+/**
+ * IPv4 ranges that are not the public internet (IANA IPv4 Special-Purpose Address Registry,
+ * plus multicast and the reserved class E). 192.0.0.0/24 includes 192.0.0.9/.10, which are
+ * globally reachable anycast, but nothing a webhook needs.
+ */
+const NON_PUBLIC_IPV4: ReadonlyArray<[string, number]> = [
+  ['0.0.0.0', 8], // "this network", incl. the unspecified 0.0.0.0 (Linux connects it to itself)
+  ['10.0.0.0', 8], // private
+  ['100.64.0.0', 10], // shared address space (carrier-grade NAT)
+  ['127.0.0.0', 8], // loopback
+  ['169.254.0.0', 16], // link-local, incl. cloud metadata at 169.254.169.254
+  ['172.16.0.0', 12], // private
+  ['192.0.0.0', 24], // IETF protocol assignments
+  ['192.0.2.0', 24], // TEST-NET-1
+  ['192.88.99.0', 24], // 6to4 relay anycast (deprecated)
+  ['192.168.0.0', 16], // private
+  ['198.18.0.0', 15], // benchmarking
+  ['198.51.100.0', 24], // TEST-NET-2
+  ['203.0.113.0', 24], // TEST-NET-3
+  ['224.0.0.0', 4], // multicast
+  ['240.0.0.0', 4], // reserved, incl. broadcast 255.255.255.255
+];
+
+/**
+ * IPv6 ranges that are not the public internet (IANA IPv6 Special-Purpose Address Registry).
+ * IPv4-mapped (::ffff:0:0/96), NAT64 (64:ff9b::/96) and 6to4 (2002::/16) addresses are not
+ * listed: they carry an IPv4 address, which is judged by the IPv4 list instead.
+ */
+const NON_PUBLIC_IPV6: ReadonlyArray<[string, number]> = [
+  ['::', 96], // unspecified, loopback and the deprecated IPv4-compatible form (::a.b.c.d)
+  ['::ffff:0:0:0', 96], // IPv4-translated (SIIT)
+  ['64:ff9b:1::', 48], // local-use NAT64
+  ['100::', 64], // discard-only
+  ['2001::', 23], // IETF protocol assignments, incl. Teredo and ORCHID
+  ['2001:db8::', 32], // documentation
+  ['3fff::', 20], // documentation (RFC 9637)
+  ['fc00::', 7], // unique local
+  ['fe80::', 10], // link-local
+  ['fec0::', 10], // site-local (deprecated)
+  ['ff00::', 8], // multicast
+];
+
+function blockListOf(ranges: ReadonlyArray<[string, number]>, family: 'ipv4' | 'ipv6'): BlockList {
+  const list = new BlockList();
+  for (const [network, prefix] of ranges) list.addSubnet(network, prefix, family);
+  return list;
+}
+
+const NON_PUBLIC_IPV4_LIST = blockListOf(NON_PUBLIC_IPV4, 'ipv4');
+const NON_PUBLIC_IPV6_LIST = blockListOf(NON_PUBLIC_IPV6, 'ipv6');
+
+/** The 16 bytes of an IPv6 address already known to be valid (net.isIP === 6), zone id dropped. */
+function ipv6Bytes(text: string): Uint8Array {
+  let address = text.split('%')[0]!;
+  const lastColon = address.lastIndexOf(':');
+  const tail = address.slice(lastColon + 1);
+  if (tail.includes('.')) {
+    const [a, b, c, d] = tail.split('.').map(Number) as [number, number, number, number];
+    address = `${address.slice(0, lastColon + 1)}${((a << 8) | b).toString(16)}:${((c << 8) | d).toString(16)}`;
+  }
+  const groupsOf = (part: string): number[] => (part === '' ? [] : part.split(':').map((group) => parseInt(group, 16)));
+  const [head = '', rest] = address.split('::');
+  const headGroups = groupsOf(head);
+  const restGroups = rest === undefined ? [] : groupsOf(rest);
+  const groups = [...headGroups, ...new Array<number>(8 - headGroups.length - restGroups.length).fill(0), ...restGroups];
+  const bytes = new Uint8Array(16);
+  groups.forEach((group, i) => { bytes[2 * i] = group >> 8; bytes[2 * i + 1] = group & 0xff; });
+  return bytes;
+}
+
+const startsWith = (bytes: Uint8Array, prefix: readonly number[]): boolean => prefix.every((byte, i) => bytes[i] === byte);
+const ipv4Of = (bytes: Uint8Array, from: number): string => Array.from(bytes.subarray(from, from + 4)).join('.');
+
+/** The IPv4 address an IPv6 one stands for (mapped, NAT64 or 6to4), or null. */
+function embeddedIpv4(bytes: Uint8Array): string | null {
+  if (startsWith(bytes, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff])) return ipv4Of(bytes, 12);
+  if (startsWith(bytes, [0x00, 0x64, 0xff, 0x9b, 0, 0, 0, 0, 0, 0, 0, 0])) return ipv4Of(bytes, 12);
+  if (startsWith(bytes, [0x20, 0x02])) return ipv4Of(bytes, 2);
+  return null;
+}
+
+/**
+ * Whether an IP address is on the public internet. Anything that is not an IP address, and
+ * every loopback, private, link-local, CGNAT, unspecified, multicast, documentation or reserved
+ * address, is not; an IPv6 address carrying an IPv4 one is judged by that IPv4 address.
+ */
+export function isPublicAddress(address: string): boolean {
+  const bare = address.split('%')[0]!;
+  const family = isIP(bare);
+  if (family === 4) return !NON_PUBLIC_IPV4_LIST.check(bare, 'ipv4');
+  if (family !== 6) return false;
+  if (NON_PUBLIC_IPV6_LIST.check(bare, 'ipv6')) return false;
+  const embedded = embeddedIpv4(ipv6Bytes(bare));
+  return embedded === null || !NON_PUBLIC_IPV4_LIST.check(embedded, 'ipv4');
+}
+
+// ---------------------------------------------------------------------------------------------
+// URLs, at creation
+
+/** The host of a URL without IPv6 brackets or a trailing root dot ("example.com." = "example.com"). */
+function hostOf(url: URL): string {
+  const host = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname;
+  return host.endsWith('.') ? host.slice(0, -1) : host;
+}
+
+/** Why a URL may never be called, or null when its form is acceptable. */
+function urlFormProblem(url: URL): string | null {
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') return 'must be an http or https URL';
+  if (url.username || url.password) return 'must not carry credentials (user:password@)';
+  if (!hostOf(url)) return 'has no host';
+  return null;
+}
+
+/**
+ * The URL a caller registers (a webhook endpoint, a verifier), checked by its text alone: http
+ * or https, no credentials, and unless `allowPrivate`, a host that is neither `localhost` nor a
+ * literal non-public IP address (in any spelling the URL standard accepts: `127.1`, `0x7f.1`,
+ * `[::ffff:127.0.0.1]` all mean loopback). Names are resolved again at each call
+ * (fetchGuarded), since their addresses may change after creation.
+ */
+export function assertPublicUrl(url: string, options: { allowPrivate: boolean; param: string }): URL {
+  const { param } = options;
+  const refuse = (why: string): never => {
+    throw new ServiceError('invalid_request', `${param} ${why}.`, { param });
+  };
+  if (url.length > OUTBOUND_URL_LENGTH_MAX) refuse(`must be at most ${OUTBOUND_URL_LENGTH_MAX} characters`);
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return refuse('is not an absolute URL');
+  }
+  const problem = urlFormProblem(parsed);
+  if (problem) refuse(problem);
+  if (options.allowPrivate) return parsed;
+  const host = hostOf(parsed).toLowerCase();
+  if (host === 'localhost' || host.endsWith('.localhost')) refuse('must not point at localhost');
+  if (isIP(host) && !isPublicAddress(host)) {
+    refuse('must point at a public address (loopback, private, link-local, CGNAT and reserved addresses are refused)');
+  }
+  return parsed;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls
+
+export type OutboundFailure = 'bad_url' | 'refused_address' | 'timeout' | 'too_large' | 'network';
+
+/**
+ * Why an outbound call failed. `message` is written for the owner of the target (a webhook's
+ * delivery log shows it): it never names the address a refused host resolved to, so the service
+ * does not become an oracle for its own network's DNS.
+ */
+export class OutboundError extends Error {
+  constructor(readonly reason: OutboundFailure, message: string) {
+    super(message);
+    this.name = 'OutboundError';
+  }
+}
+
+export interface OutboundRequest {
+  /** GET unless given */
+  method?: string;
+  headers?: Record<string, string>;
+  body?: string | Buffer;
+  /** for the whole call: DNS, connect, request, response headers and body */
+  timeoutMs: number;
+  /** a response body larger than this fails the call with `too_large` */
+  maxBytes: number;
+  allowPrivate: boolean;
+}
+
+export interface OutboundResponse {
+  status: number;
+  headers: IncomingHttpHeaders;
+  body: Buffer;
+  latencyMs: number;
+}
+
+/** dns.lookup of every address of a name, or an OutboundError; getaddrinfo cannot be cancelled, so a late answer is ignored. */
+function resolveAll(host: string, timeoutMs: number): Promise<LookupAddress[]> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new OutboundError('timeout', `resolving ${host} took longer than the call's deadline`)), timeoutMs);
+    dnsLookup(host, { all: true, verbatim: true }, (error, addresses) => {
+      clearTimeout(timer);
+      if (error || !addresses.length) reject(new OutboundError('network', `${host} did not resolve (${error?.code ?? 'no address'})`));
+      else resolve(addresses);
+    });
+  });
+}
+
+/** A `lookup` for net.connect that answers only with addresses vetted beforehand. */
+function pinnedLookup(addresses: readonly LookupAddress[]): LookupFunction {
+  return (_host, options, callback) => {
+    const family = typeof options === 'object' && options.family ? Number(options.family) : 0;
+    const usable = family ? addresses.filter((entry) => entry.family === family) : [...addresses];
+    if (!usable.length) {
+      const error = Object.assign(new Error('no vetted address of the requested family'), { code: 'ENOTFOUND' });
+      callback(error, '', 0);
+      return;
+    }
+    if (typeof options === 'object' && options.all) (callback as unknown as (e: null, a: LookupAddress[]) => void)(null, usable);
+    else callback(null, usable[0]!.address, usable[0]!.family);
+  };
+}
+
+/**
+ * One HTTP request to a URL the service does not control. Never follows redirects (a 3xx is
+ * returned like any status), never reaches a non-public address unless `allowPrivate`, never
+ * takes longer than `timeoutMs` nor reads more than `maxBytes` of body, and only ever rejects
+ * with an OutboundError.
+ */
+export async function fetchGuarded(url: string, options: OutboundRequest): Promise<OutboundResponse> {
+  if (!(options.timeoutMs > 0) || !(options.maxBytes >= 0)) throw new Error('fetchGuarded needs a positive timeoutMs and a maxBytes');
+  const startedMs = performance.now();
+  const deadlineMs = startedMs + options.timeoutMs;
+  let target: URL;
+  try {
+    target = new URL(url);
+  } catch {
+    throw new OutboundError('bad_url', 'the URL is not an absolute URL');
+  }
+  const problem = url.length > OUTBOUND_URL_LENGTH_MAX ? `is longer than ${OUTBOUND_URL_LENGTH_MAX} characters` : urlFormProblem(target);
+  if (problem) throw new OutboundError('bad_url', `the URL ${problem}`);
+
+  const host = hostOf(target);
+  const literalFamily = isIP(host);
+  const addresses = literalFamily ? [{ address: host, family: literalFamily }] : await resolveAll(host, options.timeoutMs);
+  if (!options.allowPrivate && !addresses.every((entry) => isPublicAddress(entry.address))) {
+    throw new OutboundError('refused_address',
+      `${host} ${literalFamily ? 'is' : 'resolves to'} a loopback, private, link-local, CGNAT or reserved address, which this service does not call`);
+  }
+  const remainingMs = deadlineMs - performance.now();
+  if (remainingMs <= 0) throw new OutboundError('timeout', `no answer within ${options.timeoutMs} ms`);
+  return send(target, host, addresses, options, remainingMs, startedMs);
+}
+
+function send(
+  target: URL, host: string, addresses: readonly LookupAddress[], options: OutboundRequest, remainingMs: number, startedMs: number,
+): Promise<OutboundResponse> {
+  const https = target.protocol === 'https:';
+  const headers: Record<string, string> = { ...options.headers };
+  if (options.body !== undefined && !Object.keys(headers).some((name) => name.toLowerCase() === 'content-length')) {
+    headers['content-length'] = String(Buffer.byteLength(options.body));
+  }
+  return new Promise((resolve, reject) => {
+    let settled = false;
+    const settle = (outcome: () => void): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      outcome();
+    };
+    const fail = (error: OutboundError): void => settle(() => { reject(error); request.destroy(); });
+    const timer = setTimeout(() => fail(new OutboundError('timeout', `no complete answer within ${options.timeoutMs} ms`)), remainingMs);
+
+    const request = (https ? httpsRequest : httpRequest)({
+      protocol: target.protocol,
+      hostname: host,
+      port: target.port || (https ? 443 : 80),
+      path: `${target.pathname}${target.search}`,
+      method: options.method ?? 'GET',
+      headers,
+      // A fresh connection per call: a pooled socket would skip the address check of this call.
+      agent: false,
+      lookup: pinnedLookup(addresses),
+      // TLS names the host (SNI and certificate check), not the address connected to.
+      ...(https && !isIP(host) ? { servername: host } : {}),
+    }, (response) => {
+      const declared = Number(response.headers['content-length']);
+      if (Number.isFinite(declared) && declared > options.maxBytes) {
+        fail(new OutboundError('too_large', `the response body (${declared} bytes) is larger than ${options.maxBytes} bytes`));
+        return;
+      }
+      const chunks: Buffer[] = [];
+      let size = 0;
+      response.on('data', (chunk: Buffer) => {
+        size += chunk.length;
+        if (size > options.maxBytes) fail(new OutboundError('too_large', `the response body is larger than ${options.maxBytes} bytes`));
+        else chunks.push(chunk);
+      });
+      response.on('end', () => settle(() => resolve({
+        status: response.statusCode ?? 0,
+        headers: response.headers,
+        body: Buffer.concat(chunks, size),
+        latencyMs: Math.round(performance.now() - startedMs),
+      })));
+      response.on('error', () => fail(new OutboundError('network', 'the connection broke while reading the response')));
+      response.on('close', () => fail(new OutboundError('network', 'the connection closed before the response was complete')));
+    });
+    request.on('error', (error: NodeJS.ErrnoException) =>
+      fail(new OutboundError('network', `the request failed (${error.code ?? 'connection error'})`)));
+    request.end(options.body);
+  });
+}
