@@ -1,0 +1,196 @@
+/**
+ * The activity feed, wallet states and what the service does on its own — policy expiry,
+ * auto-topup, balance.low, alerts — through HTTP on the test clock, each firing exactly once.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
+
+describe('events, wallet states and automation', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService(); });
+  after(async () => { await t.close(); });
+
+  const advance = (seconds: number) => t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds } });
+  const pay = (walletId: string, amount: string, to?: string) => newRecipient().then((recipient) =>
+    t.request('POST', '/v1/payments', { body: { walletId, to: to ?? recipient, amount, currency: 'USDC' } }));
+  const eventsOf = async (type: string, walletId?: string) => (await t.request('GET',
+    `/v1/events?type=${type}&limit=100${walletId ? `&walletId=${walletId}` : ''}`)).body.data as Array<{
+      type: string; severity: string; wallet_id: string | null; details: Record<string, unknown>; timestamp: string;
+    }>;
+  const statusOf = async (walletId: string) => (await t.request('GET', `/v1/wallets/${walletId}`)).body.status;
+  const listed = async (status: string, walletId: string) => (await t.request('GET', `/v1/wallets?status=${status}&limit=100`)).body.data
+    .some((w: { wallet_id: string }) => w.wallet_id === walletId);
+
+  test('the activity feed filters by type, vault, severity and time, 90 days back at most, organisation only', async () => {
+    const wallet = await fundedWallet(t, '5');
+    await pay(wallet.wallet_id, '1');
+    const all = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}`);
+    assert.equal(all.status, 200, JSON.stringify(all.body));
+    assert.deepEqual(all.body.data.map((e: { type: string }) => e.type),
+      ['transaction.completed', 'transaction.pending', 'wallet.funded', 'wallet.created'], 'newest first');
+    const created = all.body.data.at(-1);
+    assert.match(created.timestamp, /\.\d{3}Z$/, 'millisecond timestamps');
+    assert.equal(created.severity, 'info');
+    assert.equal(created.details.wallet_id, wallet.wallet_id);
+    assert.ok(created.summary.length > 0, 'a summary text');
+    assert.equal((await eventsOf('wallet.funded', wallet.wallet_id)).length, 1);
+    assert.equal((await eventsOf('wallet.created,wallet.funded', wallet.wallet_id)).length, 2);
+    const page1 = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&limit=3`);
+    const page2 = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&limit=3&cursor=${page1.body.next_cursor}`);
+    assert.equal(page1.body.has_more, true);
+    assert.deepEqual(page2.body.data.map((e: { type: string }) => e.type), ['wallet.created']);
+    const warnings = await t.request('GET', '/v1/events?severity=warning');
+    assert.ok(warnings.body.data.every((e: { severity: string }) => e.severity === 'warning'), 'only warnings');
+    const future = await t.request('GET', `/v1/events?from=${new Date(t.service.ctx.clock.nowMs() + 60_000).toISOString()}`);
+    assert.deepEqual(future.body.data, []);
+    for (const [query, param] of [
+      ['type=payment.made', 'type'], [`from=${new Date(t.service.ctx.clock.nowMs() - 91 * 86_400_000).toISOString()}`, 'from'],
+      ['from=2026-01-01T00:00:00', 'from'], ['severity=loud', 'severity'],
+    ]) {
+      const response = await t.request('GET', `/v1/events?${query}`);
+      assert.equal(response.status, 400, query);
+      assert.equal(response.body.error.code, 'invalid_request');
+    }
+    const other = await t.createOrganization();
+    const theirs = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}`, { key: other.adminKey });
+    assert.deepEqual(theirs.body.data, [], 'another organisation sees none of them');
+  });
+
+  test('events older than 90 days are deleted by the retention job', async () => {
+    const wallet = await fundedWallet(t, '1');
+    await advance(91 * 24 * 3600);
+    await t.service.jobs.runOnce();
+    const [{ count }] = await t.service.ctx.db.query<{ count: number }>(
+      'SELECT COUNT(*)::int AS count FROM events WHERE wallet_id = $1', [wallet.wallet_id]) as [{ count: number }];
+    assert.equal(count, 0);
+  });
+
+  test('wallet states: unfunded at zero after holding money, idle after 7 days without a transaction; both listed', async () => {
+    const wallet = await fundedWallet(t, '2');
+    assert.equal(await statusOf(wallet.wallet_id), 'active');
+    await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    assert.equal(await statusOf(wallet.wallet_id), 'unfunded');
+    assert.equal(await listed('unfunded', wallet.wallet_id), true, 'listed as unfunded');
+    assert.equal(await listed('active', wallet.wallet_id), false, 'not as active');
+    const busy = await fundedWallet(t, '2');
+    await advance(7 * 24 * 3600 + 1);
+    assert.equal(await statusOf(busy.wallet_id), 'idle');
+    assert.equal(await listed('idle', busy.wallet_id), true, 'listed as idle');
+    assert.equal((await pay(busy.wallet_id, '1')).status, 200);
+    assert.equal(await statusOf(busy.wallet_id), 'active', 'a transaction makes it active again');
+    const fresh = await t.request('POST', '/v1/wallets', { body: { agentId: `fresh-${process.pid}`, label: 'Fresh', policyId: 'pol_permissive' } });
+    assert.equal(fresh.body.status, 'active', 'a new vault is active at 0.00 (SPEC)');
+  });
+
+  test('a policy\'s expiry freezes its vaults once and writes policy.expired', async () => {
+    const expiry = new Date(t.service.ctx.clock.nowMs() + 3_600_000).toISOString();
+    const policyId = await newPolicy(t, { expiry });
+    const [a, b] = [await fundedWallet(t, '3', policyId), await fundedWallet(t, '3', policyId)];
+    await t.service.jobs.runOnce();
+    assert.equal(await statusOf(a.wallet_id), 'active', 'not before its time');
+    await advance(3601);
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    assert.equal(await statusOf(a.wallet_id), 'frozen');
+    assert.equal(await statusOf(b.wallet_id), 'frozen');
+    const expired = (await eventsOf('policy.expired')).filter((e) => e.details.policy_id === policyId);
+    assert.equal(expired.length, 1, 'written once');
+    assert.equal(expired[0]!.severity, 'warning');
+    assert.deepEqual([...(expired[0]!.details.frozen_wallets as string[])].sort(), [a.wallet_id, b.wallet_id].sort());
+    const frozen = await eventsOf('wallet.frozen', a.wallet_id);
+    assert.equal(frozen[0]!.details.reason, 'policy_expired');
+    assert.equal(frozen[0]!.severity, 'warning', 'not a manual freeze');
+    const payment = await pay(a.wallet_id, '1');
+    assert.equal(payment.body.error.code, 'wallet_frozen');
+    const vault = await t.service.ctx.chain.getVault((await import('@solana/kit')).address(a.chain_address));
+    assert.equal(vault!.frozen, true, 'frozen on chain too');
+  });
+
+  test('auto-topup funds once per crossing; a reserve too small raises balance.low instead, never a loop', async () => {
+    const wallet = await fundedWallet(t, '10');
+    const set = await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`, { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } });
+    assert.equal(set.status, 200, JSON.stringify(set.body));
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
+    const funded = await eventsOf('wallet.funded', wallet.wallet_id);
+    assert.deepEqual(funded.map((e) => e.details.source), ['auto_topup', 'reserve']);
+
+    const reserve = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
+    const hungry = await fundedWallet(t, '6');
+    await t.request('PUT', `/v1/wallets/${hungry.wallet_id}/auto-topup`, { body: { enabled: true, triggerBelow: '5', topupAmount: '100000' } });
+    await pay(hungry.wallet_id, '2');
+    for (let i = 0; i < 3; i += 1) await t.service.jobs.runOnce();
+    const low = await eventsOf('balance.low', hungry.wallet_id);
+    assert.equal(low.length, 1, 'said once');
+    assert.equal(low[0]!.details.reason, 'auto_topup_reserve_insufficient');
+    assert.equal(low[0]!.details.current_balance, '4.00');
+    assert.equal(await balanceOf(t, hungry.wallet_id), '4.00');
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserve, 'the reserve was not touched');
+  });
+
+  test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {
+    const wallet = await fundedWallet(t, '10');
+    const set = await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    assert.equal(set.body.low_balance_threshold, '5.00');
+    await pay(wallet.wallet_id, '6');
+    await t.service.jobs.runOnce();
+    await pay(wallet.wallet_id, '1');
+    await t.service.jobs.runOnce();
+    let low = await eventsOf('balance.low', wallet.wallet_id);
+    assert.equal(low.length, 1);
+    assert.deepEqual({ ...low[0]!.details }, { wallet_id: wallet.wallet_id, current_balance: '4.00', threshold: '5.00' });
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '5' } });
+    await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '5' } });
+    await t.service.jobs.runOnce();
+    await pay(wallet.wallet_id, '4');
+    await t.service.jobs.runOnce();
+    low = await eventsOf('balance.low', wallet.wallet_id);
+    assert.equal(low.length, 2, 'again after the balance was back above');
+  });
+
+  test('alerts: settings read back; large transaction, velocity spike, inactivity and policy violation raise alert.raised once', async () => {
+    const defaults = await t.request('GET', '/v1/alerts');
+    assert.deepEqual(defaults.body, {
+      policy_violation: true, inactivity_hours: null, velocity_per_hour: null, large_transaction_above: null,
+      balance_low: 'per vault: lowBalanceThreshold',
+    });
+    const viewer = await t.createKey('viewer');
+    assert.equal((await t.request('PUT', '/v1/alerts', { key: viewer, body: { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: null } })).status, 403);
+    const bad = await t.request('PUT', '/v1/alerts', { body: { policyViolation: true, inactivityHours: 0, velocityPerHour: null, largeTransactionAbove: null } });
+    assert.equal(bad.status, 400);
+    const saved = await t.request('PUT', '/v1/alerts', {
+      body: { policyViolation: true, inactivityHours: 2, velocityPerHour: 2, largeTransactionAbove: '5' },
+    });
+    assert.equal(saved.body.large_transaction_above, '5.00');
+
+    const policyId = await newPolicy(t, { maxPerTx: '8' });
+    const wallet = await fundedWallet(t, '30', policyId);
+    const alertsOf = async (kind: string) => (await eventsOf('alert.raised', wallet.wallet_id)).filter((e) => e.details.alert === kind);
+    await pay(wallet.wallet_id, '6');
+    assert.equal((await alertsOf('large_transaction')).length, 1);
+    await pay(wallet.wallet_id, '1');
+    assert.equal((await alertsOf('large_transaction')).length, 1, 'not for a small one');
+    await pay(wallet.wallet_id, '1');
+    await t.service.jobs.runOnce();
+    await pay(wallet.wallet_id, '1');
+    await t.service.jobs.runOnce();
+    assert.equal((await alertsOf('velocity_spike')).length, 1, 'once in the hour');
+    const blocked = await pay(wallet.wallet_id, '9');
+    assert.equal(blocked.status, 402);
+    const violations = await alertsOf('policy_violation');
+    assert.equal(violations.length, 1);
+    assert.equal(violations[0]!.severity, 'warning');
+    await advance(3 * 3600);
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    assert.equal((await alertsOf('inactivity')).length, 1, 'once per inactivity');
+    await t.request('PUT', '/v1/alerts', { body: { policyViolation: false, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: null } });
+    await pay(wallet.wallet_id, '9');
+    assert.equal((await alertsOf('policy_violation')).length, 1, 'off: no alert');
+  });
+});

@@ -1,0 +1,229 @@
+/**
+ * What the service does on its own (docs/automation.md), each as a job over bounded batches,
+ * safe to run in several processes (every action is claimed by a conditional UPDATE first):
+ *
+ * - policy expiry: when a policy's expiry passes, every active vault attached to it freezes
+ *   (`wallet.frozen`, reason `policy_expired`) and `policy.expired` is written, once;
+ * - auto-topup: when a debit leaves a vault below its `trigger_below`, the reserve funds
+ *   `topup_amount` once; a reserve too small raises `balance.low` instead; it fires again only
+ *   after the balance was back at or above the trigger — never a loop;
+ * - balance.low: once each time a vault's balance falls below its low-balance threshold;
+ * - alerts (per-organisation settings, `alert.raised`): inactivity, velocity spike, large
+ *   transaction, policy violation.
+ */
+import type { Queryable } from '../db/database.ts';
+import { ServiceError } from '../errors/errors.ts';
+import { recordEvent } from '../events/events.ts';
+import type { AppContext } from '../http/context.ts';
+import { formatUsdc } from '../money/money.ts';
+import { AUTO_TOPUP_MEMO } from '../transactions/settlement.ts';
+import { fundWallets } from '../wallets/funding.ts';
+
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
+
+const BATCH = 100;
+
+// ---------------------------------------------------------------------------------------------
+// Policy expiry
+
+/** The `policies.expire` job. Returns how many policies expired now. */
+export async function expirePolicies(ctx: Ctx): Promise<number> {
+  const nowMs = ctx.clock.nowMs();
+  const due = await ctx.db.query<{ id: string; org_id: string }>(
+    `SELECT id, org_id FROM policies WHERE expiry IS NOT NULL AND expiry <= $1 AND expired_at IS NULL AND deleted_at IS NULL
+     ORDER BY expiry LIMIT ${BATCH}`, [new Date(nowMs)]);
+  let expired = 0;
+  for (const { id, org_id: orgId } of due) {
+    const done = await ctx.db.transaction(async (tx) => {
+      const now = new Date(ctx.clock.nowMs());
+      const [policy] = await tx.query<{ name: string; expiry: Date }>(
+        `UPDATE policies SET expired_at = $3 WHERE org_id = $1 AND id = $2 AND expired_at IS NULL RETURNING name, expiry`,
+        [orgId, id, now]);
+      if (!policy) return false;
+      // Lock order: wallets by id, like every other writer of wallet rows.
+      const frozen = await tx.query<{ id: string; agent_id: string; label: string }>(
+        `UPDATE wallets SET status = 'frozen', chain_status = 'pending', updated_at = $3
+         WHERE id IN (SELECT id FROM wallets WHERE org_id = $1 AND policy_id = $2 AND status = 'active' ORDER BY id FOR UPDATE)
+         RETURNING id, agent_id, label`, [orgId, id, now]);
+      for (const wallet of frozen) {
+        await recordEvent(tx, now.getTime(), {
+          orgId, type: 'wallet.frozen', walletId: wallet.id,
+          summary: `Wallet ${wallet.label} frozen: its policy ${policy.name} expired`,
+          payload: { wallet_id: wallet.id, agent_id: wallet.agent_id, reason: 'policy_expired', policy_id: id },
+        });
+      }
+      await recordEvent(tx, now.getTime(), {
+        orgId, type: 'policy.expired',
+        summary: `Policy ${policy.name} expired; ${frozen.length} vault${frozen.length === 1 ? '' : 's'} frozen`,
+        payload: { policy_id: id, name: policy.name, expiry: policy.expiry.toISOString(), frozen_wallets: frozen.map((w) => w.id) },
+      });
+      return true;
+    });
+    if (done) expired += 1;
+  }
+  return expired;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Auto-topup and balance.low
+
+async function lowBalanceEvent(
+  q: Queryable, nowMs: number, orgId: string, walletId: string, balance: bigint, threshold: bigint, extra: Record<string, unknown> = {},
+): Promise<void> {
+  await recordEvent(q, nowMs, {
+    orgId, type: 'balance.low', walletId,
+    summary: `Wallet balance ${formatUsdc(balance)} USDC is below ${formatUsdc(threshold)} USDC`,
+    payload: { wallet_id: walletId, current_balance: formatUsdc(balance), threshold: formatUsdc(threshold), ...extra },
+  });
+}
+
+/** The `wallets.automation` job: auto-topups and balance.low. */
+export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; lowBalance: number }> {
+  const now = new Date(ctx.clock.nowMs());
+  // Latches re-arm once the balance is back.
+  await ctx.db.query(
+    `UPDATE wallets SET topup_fired_at = NULL WHERE topup_fired_at IS NOT NULL AND balance >= COALESCE(auto_topup_trigger_below, 0)`);
+  await ctx.db.query(
+    `UPDATE wallets SET low_balance_fired_at = NULL WHERE low_balance_fired_at IS NOT NULL AND balance >= COALESCE(low_balance_threshold, 0)`);
+
+  const lows = await ctx.db.query<{ id: string; org_id: string; balance: bigint; low_balance_threshold: bigint }>(
+    `UPDATE wallets SET low_balance_fired_at = $1 WHERE id IN (
+       SELECT id FROM wallets WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
+         AND balance < low_balance_threshold AND status <> 'archived' LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
+     RETURNING id, org_id, balance, low_balance_threshold`, [now]);
+  for (const wallet of lows) {
+    await lowBalanceEvent(ctx.db, now.getTime(), wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold);
+  }
+
+  const due = await ctx.db.query<{ id: string; org_id: string; balance: bigint; auto_topup_trigger_below: bigint; auto_topup_amount: bigint }>(
+    `UPDATE wallets SET topup_fired_at = $1 WHERE id IN (
+       SELECT id FROM wallets WHERE auto_topup_enabled AND topup_fired_at IS NULL AND balance < auto_topup_trigger_below
+         AND status = 'active' AND provisioned_at IS NOT NULL LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
+     RETURNING id, org_id, balance, auto_topup_trigger_below, auto_topup_amount`, [now]);
+  let topups = 0;
+  for (const wallet of due) {
+    try {
+      await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], undefined, { memo: AUTO_TOPUP_MEMO });
+      topups += 1;
+    } catch (error) {
+      if (!(error instanceof ServiceError) || error.code !== 'org_insufficient_balance') {
+        // Not done and not refused: let the next tick try again.
+        await ctx.db.query('UPDATE wallets SET topup_fired_at = NULL WHERE id = $1', [wallet.id]);
+        ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup failed; retried at the next tick');
+        continue;
+      }
+      // The reserve cannot cover it: say so once, do not retry until the balance is back.
+      await lowBalanceEvent(ctx.db, ctx.clock.nowMs(), wallet.org_id, wallet.id, wallet.balance, wallet.auto_topup_trigger_below, {
+        reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),
+        org_balance: error.details.available,
+      });
+    }
+  }
+  return { topups, lowBalance: lows.length };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Alerts
+
+export interface AlertSettings {
+  policyViolation: boolean;
+  inactivityHours: number | null;
+  velocityPerHour: number | null;
+  largeTransactionAmount: bigint | null;
+}
+
+export const DEFAULT_ALERTS: AlertSettings = { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAmount: null };
+
+interface AlertSettingsRow {
+  policy_violation_enabled: boolean;
+  inactivity_hours: number | null;
+  velocity_per_hour: number | null;
+  large_transaction_amount: bigint | null;
+}
+
+export async function alertSettingsOf(q: Queryable, orgId: string): Promise<AlertSettings> {
+  const [row] = await q.query<AlertSettingsRow>('SELECT * FROM alert_settings WHERE org_id = $1', [orgId]);
+  if (!row) return DEFAULT_ALERTS;
+  return {
+    policyViolation: row.policy_violation_enabled, inactivityHours: row.inactivity_hours,
+    velocityPerHour: row.velocity_per_hour, largeTransactionAmount: row.large_transaction_amount,
+  };
+}
+
+export async function saveAlertSettings(q: Queryable, nowMs: number, orgId: string, settings: AlertSettings): Promise<AlertSettings> {
+  await q.query(
+    `INSERT INTO alert_settings (org_id, policy_violation_enabled, inactivity_hours, velocity_per_hour, large_transaction_amount, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6)
+     ON CONFLICT (org_id) DO UPDATE SET policy_violation_enabled = $2, inactivity_hours = $3, velocity_per_hour = $4,
+       large_transaction_amount = $5, updated_at = $6`,
+    [orgId, settings.policyViolation, settings.inactivityHours, settings.velocityPerHour, settings.largeTransactionAmount, new Date(nowMs)]);
+  return alertSettingsOf(q, orgId);
+}
+
+async function raiseAlert(
+  q: Queryable, nowMs: number, orgId: string, walletId: string, alert: string, summary: string, details: Record<string, unknown>,
+): Promise<void> {
+  await recordEvent(q, nowMs, { orgId, type: 'alert.raised', walletId, summary, payload: { alert, wallet_id: walletId, ...details } });
+}
+
+/** Called where a payment is blocked, in its transaction: the policy-violation alert (on by default). */
+export async function alertPolicyViolation(
+  q: Queryable, nowMs: number, orgId: string, walletId: string, txId: string, violation: { rule: string },
+): Promise<void> {
+  if (!(await alertSettingsOf(q, orgId)).policyViolation) return;
+  await raiseAlert(q, nowMs, orgId, walletId, 'policy_violation', `Policy violation (${violation.rule}) on wallet ${walletId}`,
+    { tx_id: txId, violation });
+}
+
+/** Called when a payment is confirmed, in its transaction: the large-transaction alert. */
+export async function alertLargeTransaction(
+  q: Queryable, nowMs: number, orgId: string, walletId: string, txId: string, amount: bigint,
+): Promise<void> {
+  const { largeTransactionAmount } = await alertSettingsOf(q, orgId);
+  if (largeTransactionAmount === null || amount <= largeTransactionAmount) return;
+  await raiseAlert(q, nowMs, orgId, walletId, 'large_transaction',
+    `Payment of ${formatUsdc(amount)} USDC above the ${formatUsdc(largeTransactionAmount)} USDC alert threshold`,
+    { tx_id: txId, amount: formatUsdc(amount), threshold: formatUsdc(largeTransactionAmount) });
+}
+
+/** The `alerts.scan` job: inactivity and velocity spikes, once per episode. */
+export async function scanAlerts(ctx: Ctx): Promise<number> {
+  const nowMs = ctx.clock.nowMs();
+  const now = new Date(nowMs);
+  let raised = 0;
+  const inactive = await ctx.db.query<{ id: string; org_id: string; since: Date; hours: number }>(
+    `UPDATE wallets w SET inactivity_alerted_at = $1 FROM alert_settings a
+     WHERE a.org_id = w.org_id AND w.id IN (
+       SELECT w2.id FROM wallets w2 JOIN alert_settings a2 ON a2.org_id = w2.org_id
+       WHERE a2.inactivity_hours IS NOT NULL AND w2.status = 'active'
+         AND COALESCE(w2.last_transaction_at, w2.created_at) <= $1::timestamptz - make_interval(hours => a2.inactivity_hours)
+         AND (w2.inactivity_alerted_at IS NULL OR w2.inactivity_alerted_at < COALESCE(w2.last_transaction_at, w2.created_at))
+       LIMIT ${BATCH} FOR UPDATE OF w2 SKIP LOCKED)
+     RETURNING w.id, w.org_id, COALESCE(w.last_transaction_at, w.created_at) AS since, a.inactivity_hours AS hours`, [now]);
+  for (const wallet of inactive) {
+    await raiseAlert(ctx.db, nowMs, wallet.org_id, wallet.id, 'inactivity',
+      `Wallet ${wallet.id} inactive for more than ${wallet.hours} h`, { inactive_since: wallet.since.toISOString(), hours: wallet.hours });
+    raised += 1;
+  }
+  // Candidates from the stored hour count (it only over-counts until the window slides), then counted exactly.
+  const candidates = await ctx.db.query<{ id: string; org_id: string; per_hour: number }>(
+    `SELECT w.id, w.org_id, a.velocity_per_hour AS per_hour FROM wallets w
+     JOIN alert_settings a ON a.org_id = w.org_id JOIN spend_windows s ON s.wallet_id = w.id
+     WHERE a.velocity_per_hour IS NOT NULL AND s.hour_count > a.velocity_per_hour
+       AND (w.velocity_alerted_at IS NULL OR w.velocity_alerted_at <= $1::timestamptz - INTERVAL '1 hour')
+     LIMIT ${BATCH}`, [now]);
+  for (const wallet of candidates) {
+    const [row] = await ctx.db.query<{ count: number }>(
+      'SELECT COUNT(*)::int AS count FROM transactions WHERE wallet_id = $1 AND spend_at_ms > $2', [wallet.id, nowMs - 3_600_000]);
+    const count = row?.count ?? 0;
+    if (count <= wallet.per_hour) continue;
+    const claimed = await ctx.db.query(
+      `UPDATE wallets SET velocity_alerted_at = $2 WHERE id = $1
+         AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
+    if (!claimed.length) continue;
+    await raiseAlert(ctx.db, nowMs, wallet.org_id, wallet.id, 'velocity_spike',
+      `Wallet ${wallet.id} made ${count} payments in the last hour (alert above ${wallet.per_hour})`, { count, per_hour: wallet.per_hour });
+    raised += 1;
+  }
+  return raised;
+}

@@ -1,0 +1,98 @@
+/**
+ * The activity feed (SPEC.md "Events", DESIGN §8): the organisation's stored events, newest
+ * first, filtered by type, vault, severity and a date range at most 90 days back.
+ */
+import { Type } from 'typebox';
+import { invalidRequest } from '../errors/errors.ts';
+import type { App } from '../http/app.ts';
+import { principalOf } from '../http/auth.ts';
+import type { AppContext } from '../http/context.ts';
+import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { parseTimeBound } from '../transactions/routes.ts';
+import { EVENT_RETENTION_MS, EVENT_TYPES, type EventType, type Severity } from './events.ts';
+
+const TYPES_MAX = 20;
+
+export const EventView = Type.Object({
+  event_id: Type.String(),
+  type: Type.String(),
+  wallet_id: Type.Union([Type.String(), Type.Null()], { description: 'the vault it concerns, if any' }),
+  severity: Type.Union([Type.Literal('info'), Type.Literal('warning'), Type.Literal('critical')]),
+  summary: Type.String(),
+  details: Type.Record(Type.String(), Type.Unknown(), { description: 'the payload webhooks deliver' }),
+  timestamp: Type.String({ description: 'ISO 8601 with milliseconds' }),
+});
+
+interface EventRow {
+  id: string;
+  type: string;
+  wallet_id: string | null;
+  severity: Severity;
+  summary: string;
+  payload: Record<string, unknown>;
+  created_at: Date;
+}
+
+export function eventView(row: EventRow) {
+  return {
+    event_id: row.id, type: row.type, wallet_id: row.wallet_id, severity: row.severity, summary: row.summary,
+    details: row.payload, timestamp: row.created_at.toISOString(),
+  };
+}
+
+export function eventRoutes(app: App, ctx: AppContext): void {
+  app.get('/v1/events', {
+    config: { permission: 'read' },
+    schema: {
+      tags: ['Events'], summary: 'The activity feed: your organisation\'s events of the last 90 days, newest first',
+      querystring: Type.Object({
+        ...PageQuery,
+        type: Type.Optional(Type.String({ maxLength: 1000, description: 'an event name, or several separated by commas' })),
+        walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+        severity: Type.Optional(Type.Union([Type.Literal('info'), Type.Literal('warning'), Type.Literal('critical')])),
+        from: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, inclusive; at most 90 days back' })),
+        to: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, exclusive' })),
+      }, { additionalProperties: false }),
+      response: { 200: pageOf(EventView) },
+    },
+  }, async (request) => {
+    const { orgId } = principalOf(request);
+    const query = request.query;
+    const page = parsePageRequest(query);
+    const nowMs = ctx.clock.nowMs();
+    const oldest = new Date(nowMs - EVENT_RETENTION_MS);
+    const from = query.from === undefined ? oldest : parseTimeBound('from', query.from);
+    if (from < oldest) throw invalidRequest('from', `Events are kept 90 days: from must be ${oldest.toISOString()} or later.`);
+    const params: unknown[] = [orgId, from];
+    const where = ['org_id = $1', 'created_at >= $2'];
+    if (query.to !== undefined) {
+      const to = parseTimeBound('to', query.to);
+      if (to <= from) throw invalidRequest('to', 'to must be later than from (from is inclusive, to exclusive).');
+      params.push(to);
+      where.push(`created_at < $${params.length}`);
+    }
+    if (query.type !== undefined) {
+      const types = query.type.split(',').map((type) => type.trim()).filter(Boolean);
+      const unknown = types.find((type) => !(EVENT_TYPES as readonly string[]).includes(type));
+      if (!types.length || types.length > TYPES_MAX || unknown !== undefined) {
+        throw invalidRequest('type', `type is one or more of ${EVENT_TYPES.join(', ')}${unknown ? ` (not "${unknown}")` : ''}.`);
+      }
+      params.push(types as EventType[]);
+      where.push(`type = ANY($${params.length}::text[])`);
+    }
+    if (query.walletId !== undefined) {
+      params.push(query.walletId);
+      where.push(`wallet_id = $${params.length}`);
+    }
+    if (query.severity !== undefined) {
+      params.push(query.severity);
+      where.push(`severity = $${params.length}`);
+    }
+    const after = keysetCondition(page, params.length + 1);
+    params.push(...after.params);
+    const rows = await ctx.db.query<EventRow>(
+      `SELECT id, type, wallet_id, severity, summary, payload, created_at FROM events
+       WHERE ${where.join(' AND ')} AND ${after.sql} ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+    return toPage(rows, page, eventView);
+  });
+}

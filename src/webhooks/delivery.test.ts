@@ -1,0 +1,413 @@
+/**
+ * Webhook deliveries end to end: events made through the API reach real HTTP receivers on
+ * 127.0.0.1 (AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS on), signed as docs/webhooks.md says; the retry
+ * schedule on the test clock; degradation, pausing and re-enabling; redirects; a worker that
+ * dies mid-attempt; secret rotation; and, on PostgreSQL, several dispatchers on one database.
+ *
+ * Receivers record the service clock at each arrival, so the schedule is checked in business
+ * time; the test clock is advanced to just before each due time (nothing may arrive) and then
+ * past it (the attempt must arrive).
+ */
+import assert from 'node:assert/strict';
+import { createHmac } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { newRecipient } from '../../test/fixtures.ts';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { openDatabase } from '../db/database.ts';
+import type { AppContext } from '../http/context.ts';
+import { claimDueAttempts, deliveryLag, dispatchWebhooks } from './delivery.ts';
+import { startReceiver, type ReceivedRequest, type Receiver } from './testing.ts';
+
+/** SPEC.md: attempt 2 after 1 minute, 3 after 5 minutes, 4 after 30 minutes, 5 after 2 hours. */
+const RETRY_DELAYS_MS = [60_000, 300_000, 1_800_000, 7_200_000] as const;
+
+const hmac = (secret: string, body: string) => createHmac('sha256', secret).update(body, 'utf8').digest('hex');
+
+interface Delivery {
+  delivery_id: string;
+  event_id: string;
+  event_type: string;
+  status: string;
+  attempt_count: number;
+  next_attempt_at: string | null;
+  delivered_at: string | null;
+  attempts: Array<{ attempt: number; attempted_at: string; outcome: string; status_code: number | null; error: string | null; next_attempt_at: string | null }>;
+}
+
+describe('webhook deliveries', () => {
+  let t: TestService;
+  let receiver: Receiver;
+  before(async () => {
+    t = await startTestService({ env: { AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS: 'on' } });
+    receiver = await startReceiver({ receivedAt: () => t.service.ctx.clock.nowMs() });
+  });
+  after(async () => {
+    await receiver.close();
+    await t.close();
+  });
+
+  /** A fresh organisation with a webhook to `path`; the receiver checks its secret. */
+  async function setUp(path: string, events: string | string[]) {
+    const org = await t.createOrganization(`Webhooks ${path}`);
+    const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url(path), events } });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    receiver.secret = created.body.signing_secret;
+    return { key: org.adminKey, webhookId: created.body.webhook_id as string, secret: created.body.signing_secret as string };
+  }
+  const arrivals = (path: string): ReceivedRequest[] => receiver.received.filter((r) => r.path === path);
+  async function deliveries(key: string, webhookId: string, query = ''): Promise<Delivery[]> {
+    const response = await t.request('GET', `/v1/webhooks/${webhookId}/deliveries?limit=100${query}`, { key });
+    assert.equal(response.status, 200, JSON.stringify(response.body));
+    return response.body.data;
+  }
+  async function newPolicyEvent(key: string, name: string): Promise<string> {
+    assert.equal((await t.request('POST', '/v1/policies', { key, body: { name } })).status, 200);
+    const feed = await t.request('GET', '/v1/events?type=policy.created&limit=1', { key });
+    return feed.body.data[0].event_id;
+  }
+  async function serviceNowMs(): Promise<number> {
+    return Date.parse((await t.request('GET', '/v1/test_helpers/clock')).body.now);
+  }
+  async function advance(seconds: number): Promise<void> {
+    if (seconds <= 0) return;
+    assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds } })).status, 200);
+  }
+
+  test('a receiver that checks signatures gets every event it subscribed to, once, and nothing else', async () => {
+    const org = await t.createOrganization('Subscriber');
+    const key = org.adminKey;
+    const hook = async (path: string, events: string | string[]) => {
+      const response = await t.request('POST', '/v1/webhooks', { key, body: { url: receiver.url(path), events } });
+      assert.equal(response.status, 200, JSON.stringify(response.body));
+      return response.body as { webhook_id: string; signing_secret: string };
+    };
+    const everything = await hook('/everything', '*');
+    const named = await hook('/named', ['wallet.created', 'wallet.funded', 'transaction.completed']);
+    const secretOf: Record<string, string> = { '/everything': everything.signing_secret, '/named': named.signing_secret };
+    receiver.reply = (request) => {
+      const secret = secretOf[request.path];
+      const valid = secret !== undefined && hmac(secret, request.rawBody) === request.headers['service-signature'];
+      return valid ? { status: 204 } : { status: 401 };
+    };
+    try {
+      // Deposit, vault creation, funding, a payment, a policy: events of many kinds, some by jobs.
+      assert.equal((await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount: '30' } })).status, 200);
+      const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: 'subscriber-agent', label: 'A', policyId: 'pol_permissive' } });
+      assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
+      assert.equal((await t.request('POST', `/v1/wallets/${wallet.body.wallet_id}/fund`, { key, body: { amount: '20' } })).status, 200);
+      const paid = await t.request('POST', '/v1/payments', {
+        key, body: { walletId: wallet.body.wallet_id, to: await newRecipient(), amount: '2.5', currency: 'USDC' },
+      });
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+      assert.equal((await t.request('POST', '/v1/policies', { key, body: { name: 'Subscriber policy' } })).status, 200);
+
+      // Every job runs; events that jobs write are delivered by the same or the next run.
+      let feed: Array<{ event_id: string; type: string; timestamp: string; details: Record<string, unknown> }> = [];
+      for (let run = 0; run < 5; run += 1) {
+        await t.service.jobs.runOnce();
+        feed = (await t.request('GET', '/v1/events?limit=100', { key })).body.data;
+        if (arrivals('/everything').length >= feed.length) break;
+      }
+      const types = new Set(feed.map((e) => e.type));
+      for (const type of ['org.deposit_confirmed', 'wallet.created', 'wallet.funded', 'transaction.pending', 'transaction.completed', 'policy.created']) {
+        assert.ok(types.has(type), `the feed has ${type}`);
+      }
+
+      const everyArrival = arrivals('/everything');
+      assert.deepEqual(everyArrival.map((r) => r.body.id).sort(), feed.map((e) => e.event_id).sort(), '"*" receives every event once');
+      const namedTypes = ['wallet.created', 'wallet.funded', 'transaction.completed'];
+      const namedArrival = arrivals('/named');
+      assert.deepEqual(namedArrival.map((r) => r.body.id).sort(),
+        feed.filter((e) => namedTypes.includes(e.type)).map((e) => e.event_id).sort(), 'named subscriptions receive those events only');
+
+      const byId = new Map(feed.map((e) => [e.event_id, e]));
+      for (const arrival of [...everyArrival, ...namedArrival]) {
+        const secret = secretOf[arrival.path]!;
+        assert.equal(arrival.headers['service-signature'], hmac(secret, arrival.rawBody), 'signed with the webhook\'s secret');
+        assert.equal(arrival.headers['service-signature-previous'], undefined, 'no previous signature before a rotation');
+        const event = byId.get(arrival.body.id as string)!;
+        // The body is {event, id, timestamp, ...payload}.
+        assert.deepEqual(arrival.body, { event: event.type, id: event.event_id, timestamp: event.timestamp, ...event.details });
+        assert.ok(arrival.rawBody.startsWith(`{"event":"${event.type}","id":"${event.event_id}","timestamp":"`), 'envelope fields first');
+        assert.equal(arrival.headers['service-event-id'], event.event_id);
+        assert.equal(arrival.headers['service-delivery-attempt'], '1');
+        assert.equal(arrival.headers['content-type'], 'application/json');
+        assert.match(String(arrival.headers['user-agent']), /^AgentVault-Webhooks\//);
+        assert.match(String(arrival.headers['service-delivery-id']), /^dlv_[0-9a-z]{26}$/);
+      }
+      const completed = namedArrival.find((r) => r.body.event === 'transaction.completed')!;
+      assert.equal(completed.body.tx_id, paid.body.tx_id);
+      assert.equal(completed.body.wallet_id, wallet.body.wallet_id);
+
+      const log = await deliveries(key, named.webhook_id);
+      assert.equal(log.length, namedArrival.length);
+      for (const delivery of log) {
+        assert.equal(delivery.status, 'delivered');
+        assert.equal(delivery.attempt_count, 1);
+        assert.equal(delivery.attempts.length, 1);
+        assert.equal(delivery.attempts[0]!.outcome, 'succeeded');
+        assert.equal(delivery.attempts[0]!.status_code, 204);
+        assert.equal(delivery.next_attempt_at, null);
+        assert.equal(typeof delivery.delivered_at, 'string');
+      }
+      // The benchmark hook: event time to 2xx, over what was delivered.
+      const lag = await deliveryLag(t.service.ctx.db, 0);
+      assert.ok(lag.delivered >= everyArrival.length + namedArrival.length, `lag covers the deliveries (${lag.delivered})`);
+      assert.ok(lag.p50Ms !== null && lag.p95Ms !== null && lag.maxMs !== null && lag.p50Ms <= lag.maxMs, 'lag has percentiles');
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+    }
+  });
+
+  test('a failing receiver sees attempts at 0, +1 min, +5 min, +30 min, +2 h; then the webhook degrades and re-enabling delivers what waited', async () => {
+    const { key, webhookId } = await setUp('/failing', ['policy.created']);
+    let failing = true;
+    receiver.reply = (request) => (failing || !request.signatureValid ? { status: 500, body: 'boom' } : { status: 200 });
+    try {
+      const first = await newPolicyEvent(key, 'Schedule 1');
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/failing').length, 1, 'attempt 1 immediately');
+
+      for (let k = 1; k <= 4; k += 1) {
+        const [delivery] = await deliveries(key, webhookId, `&eventId=${first}`);
+        const last = delivery!.attempts.at(-1)!;
+        assert.equal(last.attempt, k);
+        assert.equal(last.outcome, 'failed');
+        assert.equal(last.status_code, 500);
+        // The schedule, exactly: the next attempt is due the delay after this one began.
+        const dueMs = Date.parse(last.attempted_at) + RETRY_DELAYS_MS[k - 1]!;
+        assert.equal(Date.parse(last.next_attempt_at!), dueMs);
+        assert.equal(Date.parse(delivery!.next_attempt_at!), dueMs);
+        assert.equal(delivery!.status, 'pending');
+
+        // Just before the due time nothing is sent…
+        await advance(Math.floor((dueMs - await serviceNowMs()) / 1000) - 10);
+        await t.service.jobs.runOnce();
+        assert.equal(arrivals('/failing').length, k, `attempt ${k + 1} not before its time`);
+        // …and once it has passed, the next attempt is.
+        await advance(11);
+        await t.service.jobs.runOnce();
+        const hits = arrivals('/failing');
+        assert.equal(hits.length, k + 1, `attempt ${k + 1} once due`);
+        assert.equal(hits[k]!.headers['service-delivery-attempt'], String(k + 1));
+        const lateMs = hits[k]!.receivedAtMs - dueMs;
+        assert.ok(lateMs >= 0 && lateMs < 60_000, `attempt ${k + 1} came ${lateMs} ms after its due time`);
+      }
+
+      // The fifth failure degrades the webhook and pauses the delivery.
+      const webhook = (await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body;
+      assert.equal(webhook.status, 'degraded');
+      assert.equal(typeof webhook.degraded_at, 'string');
+      const [exhausted] = await deliveries(key, webhookId, `&eventId=${first}`);
+      assert.equal(exhausted!.status, 'paused');
+      assert.equal(exhausted!.attempt_count, 5);
+      assert.equal(exhausted!.next_attempt_at, null);
+      assert.equal(exhausted!.attempts.at(-1)!.next_attempt_at, null, 'no sixth attempt in a run');
+
+      // Later events queue, paused: nothing is sent while degraded, however long.
+      const second = await newPolicyEvent(key, 'Schedule 2');
+      await advance(3 * 3600);
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/failing').length, 5, 'nothing sent while degraded');
+      const [waiting] = await deliveries(key, webhookId, `&eventId=${second}`);
+      assert.equal(waiting!.status, 'paused');
+      assert.equal(waiting!.attempt_count, 0);
+
+      // Re-enabling restarts the paused deliveries: a new run of attempts, the first at once.
+      failing = false;
+      const enabled = await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } });
+      assert.equal(enabled.status, 200);
+      assert.equal(enabled.body.status, 'active');
+      await t.service.jobs.runOnce();
+      const resumed = arrivals('/failing').slice(5);
+      assert.deepEqual(resumed.map((r) => r.body.id).sort(), [first, second].sort(), 'both waiting events delivered');
+      assert.equal(resumed.find((r) => r.body.id === first)!.headers['service-delivery-attempt'], '6', 'attempt numbers keep counting');
+      assert.equal(resumed.find((r) => r.body.id === second)!.headers['service-delivery-attempt'], '1');
+      for (const delivery of await deliveries(key, webhookId)) assert.equal(delivery.status, 'delivered', delivery.event_id);
+      const [redone] = await deliveries(key, webhookId, `&eventId=${first}`);
+      const sixth = redone!.attempts.at(-1)!;
+      assert.equal(Date.parse(sixth.next_attempt_at!) - Date.parse(sixth.attempted_at), RETRY_DELAYS_MS[0], 'the new run starts its schedule over');
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('a disabled webhook queues nothing and sends nothing; re-enabling sends what was pending', async () => {
+    const { key, webhookId } = await setUp('/disabled', ['policy.created']);
+    receiver.reply = () => ({ status: 500 });
+    try {
+      const pending = await newPolicyEvent(key, 'Before disable');
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/disabled').length, 1);
+      assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).body.status, 'disabled');
+      const [paused] = await deliveries(key, webhookId);
+      assert.equal(paused!.status, 'paused');
+      await newPolicyEvent(key, 'While disabled');
+      await advance(3600);
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/disabled').length, 1, 'nothing sent while disabled');
+      assert.equal((await deliveries(key, webhookId)).length, 1, 'events while disabled are not queued');
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } });
+      await t.service.jobs.runOnce();
+      assert.deepEqual(arrivals('/disabled').map((r) => r.body.id), [pending, pending]);
+      assert.equal((await deliveries(key, webhookId))[0]!.status, 'delivered');
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('a redirect is a failed attempt and is not followed', async () => {
+    const { key, webhookId } = await setUp('/redirect', ['policy.created']);
+    receiver.reply = (request) => (request.path === '/redirect'
+      ? { status: 307, headers: { location: receiver.url('/redirect-target') } } : { status: 200 });
+    try {
+      const event = await newPolicyEvent(key, 'Redirected');
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/redirect').length, 1);
+      assert.equal(arrivals('/redirect-target').length, 0, 'the Location was not followed');
+      const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
+      assert.equal(delivery!.status, 'pending');
+      assert.equal(delivery!.attempts[0]!.outcome, 'failed');
+      assert.equal(delivery!.attempts[0]!.status_code, 307);
+      assert.match(delivery!.attempts[0]!.error!, /redirect/);
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('a worker that dies mid-attempt loses no event: the claim lapses and the next attempt delivers it', async () => {
+    const { key, webhookId } = await setUp('/crash', ['policy.created']);
+    const event = await newPolicyEvent(key, 'Crash');
+    // A worker claims the attempt and dies before sending or recording anything.
+    const claims = await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
+    const mine = claims.find((claim) => claim.eventId === event);
+    assert.ok(mine, 'the attempt was claimed');
+    assert.equal(mine.attempt, 1);
+
+    // While the claim holds, no other worker makes the attempt.
+    await t.service.jobs.runOnce();
+    assert.equal(arrivals('/crash').length, 0, 'the claimed attempt is not made twice');
+    const [claimed] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.equal(claimed!.attempts[0]!.outcome, 'in_flight');
+
+    // The claim lasts until the next attempt's time; then the event is delivered.
+    await advance(Math.ceil((Date.parse(claimed!.next_attempt_at!) - await serviceNowMs()) / 1000) + 1);
+    await t.service.jobs.runOnce();
+    const hits = arrivals('/crash');
+    assert.equal(hits.length, 1);
+    assert.equal(hits[0]!.body.id, event);
+    assert.equal(hits[0]!.headers['service-delivery-attempt'], '2');
+    const [delivered] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.equal(delivered!.status, 'delivered');
+    assert.deepEqual(delivered!.attempts.map((a) => a.outcome), ['lost', 'succeeded']);
+    assert.match(delivered!.attempts[0]!.error!, /stopped/);
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+  });
+
+  test('a lost last attempt counts as failed: the webhook degrades once its claim lapses', async () => {
+    const { key, webhookId } = await setUp('/lost-last', ['policy.created']);
+    receiver.reply = () => ({ status: 500 });
+    try {
+      const event = await newPolicyEvent(key, 'Lost last');
+      await t.service.jobs.runOnce();
+      for (let k = 1; k <= 3; k += 1) {
+        await advance(RETRY_DELAYS_MS[k - 1]! / 1000 + 1);
+        await t.service.jobs.runOnce();
+      }
+      assert.equal(arrivals('/lost-last').length, 4);
+      await advance(RETRY_DELAYS_MS[3] / 1000 + 1);
+      const claims = await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
+      assert.equal(claims.find((claim) => claim.eventId === event)?.attempt, 5, 'the fifth attempt is claimed, then its worker dies');
+      await t.service.jobs.runOnce();
+      assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'not before the claim lapses');
+      await advance(61);
+      await t.service.jobs.runOnce();
+      assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'degraded');
+      const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
+      assert.equal(delivery!.status, 'paused');
+      assert.equal(delivery!.attempts.at(-1)!.outcome, 'lost');
+      assert.equal(arrivals('/lost-last').length, 4);
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('after a rotation deliveries carry both signatures for 24 hours, then only the new one', async () => {
+    const { key, webhookId, secret: oldSecret } = await setUp('/rotation', ['policy.created']);
+    const rotated = await t.request('POST', `/v1/webhooks/${webhookId}/rotate-secret`, { key });
+    const newSecret = rotated.body.signing_secret as string;
+    receiver.secret = newSecret;
+    await newPolicyEvent(key, 'During overlap');
+    await t.service.jobs.runOnce();
+    const [during] = arrivals('/rotation');
+    assert.ok(during, 'delivered during the overlap');
+    assert.equal(during.headers['service-signature'], hmac(newSecret, during.rawBody));
+    assert.equal(during.headers['service-signature-previous'], hmac(oldSecret, during.rawBody));
+
+    await advance(24 * 3600 + 1);
+    await newPolicyEvent(key, 'After overlap');
+    await t.service.jobs.runOnce();
+    const afterOverlap = arrivals('/rotation')[1]!;
+    assert.equal(afterOverlap.headers['service-signature'], hmac(newSecret, afterOverlap.rawBody));
+    assert.equal(afterOverlap.headers['service-signature-previous'], undefined);
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+  });
+
+  test('several dispatchers on one PostgreSQL never make the same attempt twice', async (context) => {
+    const databaseUrl = process.env.DATABASE_URL;
+    if (!databaseUrl) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection)');
+      return;
+    }
+    const [{ schema }] = await t.service.ctx.db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    // A second worker process, as far as the database can tell: its own connection pool.
+    const secondDb = await openDatabase({ databaseUrl, dataDir: null, schema });
+    const second: AppContext = { ...t.service.ctx, db: secondDb };
+    const org = await t.createOrganization('Concurrent dispatchers');
+    const paths = ['/c1', '/c2', '/c3'];
+    for (const path of paths) {
+      const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url(path), events: ['policy.created'] } });
+      assert.equal(created.status, 200);
+    }
+    // Slow, jittered answers keep the claims and sends of the dispatchers interleaved.
+    receiver.reply = () => ({ status: 200, delayMs: Math.floor(Math.random() * 30) });
+    try {
+      for (let i = 0; i < 30; i += 1) {
+        assert.equal((await t.request('POST', '/v1/policies', { key: org.adminKey, body: { name: `concurrent ${i}` } })).status, 200);
+      }
+      const expected = await t.service.ctx.db.query<{ id: string }>(
+        'SELECT id FROM webhook_deliveries WHERE org_id = $1', [org.orgId]);
+      assert.equal(expected.length, 90);
+
+      // Claims alone, many at once over both pools: every claim is a different delivery.
+      const claimRounds = await Promise.all(Array.from({ length: 8 }, (_, i) =>
+        claimDueAttempts(i % 2 ? secondDb : t.service.ctx.db, t.service.ctx.clock.nowMs(), 7)));
+      const claimedIds = claimRounds.flat().map((claim) => claim.deliveryId);
+      assert.equal(new Set(claimedIds).size, claimedIds.length, 'no delivery claimed twice');
+      assert.ok(claimedIds.length > 0, 'claims were made');
+      // Those claims are abandoned (their workers "died"); the rest is sent by four dispatchers at once.
+      await Promise.all([dispatchWebhooks(t.service.ctx), dispatchWebhooks(second), dispatchWebhooks(t.service.ctx), dispatchWebhooks(second)]);
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 61 } });
+      await Promise.all([dispatchWebhooks(t.service.ctx), dispatchWebhooks(second), dispatchWebhooks(t.service.ctx), dispatchWebhooks(second)]);
+
+      const hits = receiver.received.filter((r) => paths.includes(r.path));
+      const seen = hits.map((r) => `${r.headers['service-delivery-id']}#${r.headers['service-delivery-attempt']}`);
+      assert.equal(new Set(seen).size, seen.length, 'no (delivery, attempt) received twice');
+      const perDelivery = new Map<string, number>();
+      for (const hit of hits) perDelivery.set(String(hit.headers['service-delivery-id']), (perDelivery.get(String(hit.headers['service-delivery-id'])) ?? 0) + 1);
+      assert.deepEqual([...perDelivery.keys()].sort(), expected.map((row) => row.id).sort(), 'every delivery arrived');
+      assert.ok([...perDelivery.values()].every((count) => count === 1), 'each exactly once (a healthy receiver needs no retry)');
+      const states = await t.service.ctx.db.query<{ status: string; n: number }>(
+        'SELECT status, count(*)::int AS n FROM webhook_deliveries WHERE org_id = $1 GROUP BY status', [org.orgId]);
+      assert.deepEqual(states, [{ status: 'delivered', n: 90 }]);
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await secondDb.close();
+    }
+  });
+});

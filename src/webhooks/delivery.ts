@@ -1,0 +1,566 @@
+/**
+ * Webhook deliveries (docs/webhooks.md "Delivery"): the dispatcher that sends every queued
+ * delivery as a signed POST, at least once, on SPEC's schedule, and the delivery log.
+ *
+ * Deliveries are queued by the database itself: a trigger on `events` (migration 0011) inserts
+ * one row per subscribed webhook in the transaction that writes the event. Here a worker
+ *
+ * 1. claims due attempts with `FOR UPDATE SKIP LOCKED`, in a transaction that also moves the
+ *    delivery's `next_attempt_at` to when the following attempt would be due and records the
+ *    attempt (primary key: delivery, attempt number). Another worker cannot claim the same
+ *    attempt: the row is locked while claimed, and due again only at the next attempt's time.
+ *    That time is the lease: a worker that dies mid-attempt loses nothing, since the next
+ *    attempt comes on schedule, exactly as after a failure.
+ * 2. sends outside any transaction (5 s deadline, no redirects, the SSRF guard of
+ *    src/net/outbound.ts), then
+ * 3. records the outcome. The fifth failure of a run pauses the delivery and degrades the
+ *    webhook, which pauses all its pending deliveries until an operator re-enables it.
+ */
+import { createHmac } from 'node:crypto';
+import { Type } from 'typebox';
+import type { Database, Queryable } from '../db/database.ts';
+import type { AppContext } from '../http/context.ts';
+import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { newId } from '../ids/ids.ts';
+import { OutboundError, fetchGuarded } from '../net/outbound.ts';
+import { getWebhook, webhookNotFound } from './webhooks.ts';
+
+/** SPEC: 5 attempts: immediately, then after 1 min, 5 min, 30 min and 2 h. */
+export const ATTEMPTS_PER_RUN = 5;
+/** Before attempts 2…5 of a run, counted from the start of the attempt before (docs/webhooks.md "Schedule"). */
+export const RETRY_DELAYS_MS = [60_000, 300_000, 1_800_000, 7_200_000] as const;
+/** SPEC: a 2xx within 5 seconds; anything else is a failed attempt. */
+export const DELIVERY_TIMEOUT_MS = 5_000;
+/**
+ * The last attempt of a run has no next attempt whose time can serve as its lease: it is
+ * leased this long, then counted as failed if its worker never said how it went.
+ */
+export const FINAL_ATTEMPT_LEASE_MS = 60_000;
+/** Undelivered and finished deliveries alike are kept this long (the delivery log). */
+export const DELIVERY_LOG_RETENTION_MS = 30 * 24 * 3600 * 1000;
+export const USER_AGENT = 'AgentVault-Webhooks/1.0';
+
+/** Attempts claimed together and sent concurrently by one worker. */
+const CLAIM_BATCH = 100;
+/** One dispatch run stops claiming after this long; the next run continues. */
+const DISPATCH_BUDGET_MS = 20_000;
+/** A receiver's answer is read up to this size; a larger one fails the attempt. */
+const RESPONSE_BYTES_MAX = 256 * 1024;
+/** What the delivery log keeps of a receiver's answer. */
+const RESPONSE_EXCERPT_CHARS = 500;
+/** The delivery log shows at most this many attempts per delivery (the latest). */
+const LOG_ATTEMPTS_SHOWN_MAX = 25;
+const RETENTION_BATCH = 1_000;
+/** How often one process looks for deliveries past the retention. */
+const RETENTION_INTERVAL_MS = 60_000;
+const LOST_ATTEMPT_ERROR = 'No outcome was recorded: the worker making this attempt stopped. It may have reached the endpoint.';
+
+// ---------------------------------------------------------------------------------------------
+// What a delivery is made of
+
+/** `Service-Signature`: lowercase hex HMAC-SHA256 of the raw body, keyed with the secret's UTF-8 bytes. */
+export function signatureOf(body: string, secret: string): string {
+  return createHmac('sha256', secret).update(body, 'utf8').digest('hex');
+}
+
+export interface StoredEvent {
+  id: string;
+  type: string;
+  created_at: Date;
+  payload: Record<string, unknown>;
+}
+
+/** DESIGN §8: `{event, id, timestamp, ...payload}`; the three envelope fields always win. */
+export function deliveryBody(event: StoredEvent): string {
+  const { event: _event, id: _id, timestamp: _timestamp, ...payload } = event.payload;
+  return JSON.stringify({ event: event.type, id: event.id, timestamp: event.created_at.toISOString(), ...payload });
+}
+
+export interface Signing {
+  secret: string;
+  /** the secret before the last rotation, while its overlap lasts */
+  previousSecret: string | null;
+}
+
+export function deliveryHeaders(body: string, signing: Signing, ids: { eventId: string; deliveryId: string; attempt: number }): Record<string, string> {
+  return {
+    'content-type': 'application/json',
+    'user-agent': USER_AGENT,
+    'service-signature': signatureOf(body, signing.secret),
+    ...(signing.previousSecret === null ? {} : { 'service-signature-previous': signatureOf(body, signing.previousSecret) }),
+    'service-event-id': ids.eventId,
+    'service-delivery-id': ids.deliveryId,
+    'service-delivery-attempt': String(ids.attempt),
+  };
+}
+
+/** When the attempt after attempt `attemptInRun` (1-based) of a run is due, or null after the last. */
+export function nextAttemptAtMs(attemptedAtMs: number, attemptInRun: number): number | null {
+  const delayMs = RETRY_DELAYS_MS[attemptInRun - 1];
+  return delayMs === undefined ? null : attemptedAtMs + delayMs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claiming
+
+interface DeliveryRow {
+  id: string;
+  org_id: string;
+  webhook_id: string;
+  event_id: string;
+  event_type: string;
+  event_created_at: Date;
+  status: 'pending' | 'paused' | 'delivered' | 'failed';
+  attempts: number;
+  run_start: number;
+  next_attempt_at: Date | null;
+  created_at: Date;
+  updated_at: Date;
+  delivered_at: Date | null;
+  failure_reason: string | null;
+}
+
+/** One attempt a worker holds: everything needed to send it and to record how it went. */
+export interface ClaimedAttempt {
+  deliveryId: string;
+  webhookId: string;
+  eventId: string;
+  attempt: number;
+  /** the fifth of its run: a failure degrades the webhook */
+  final: boolean;
+  ping: boolean;
+  url: string;
+  signing: Signing;
+  /** null when the event is no longer stored (the delivery cannot be made) */
+  body: string | null;
+}
+
+interface SigningRow {
+  id: string;
+  url: string;
+  signing_secret: string;
+  previous_signing_secret: string | null;
+  previous_secret_expires_at: Date | null;
+}
+
+function signingOf(row: SigningRow, nowMs: number): Signing {
+  const previousValid = row.previous_signing_secret !== null && row.previous_secret_expires_at !== null
+    && nowMs < row.previous_secret_expires_at.getTime();
+  return { secret: row.signing_secret, previousSecret: previousValid ? row.previous_signing_secret : null };
+}
+
+/**
+ * Claims up to `limit` due attempts of active webhooks, oldest due first. In one transaction:
+ * each delivery's attempt count goes up by one and its `next_attempt_at` moves to when the next
+ * attempt of the run would be due (the lease); the attempt is recorded in flight; an earlier
+ * attempt still in flight is marked lost (its worker died). Rows locked by another claimer are
+ * skipped, and a row claimed a moment ago is no longer due: no attempt is ever made twice.
+ */
+export async function claimDueAttempts(db: Database, nowMs: number, limit: number): Promise<ClaimedAttempt[]> {
+  const now = new Date(nowMs);
+  // Delay after attempt k of a run (1-based), and the lease of the last one.
+  const leasesMs = [...RETRY_DELAYS_MS, FINAL_ATTEMPT_LEASE_MS];
+  return db.transaction(async (tx) => {
+    const claimed = await tx.query<DeliveryRow>(
+      `WITH due AS (
+         SELECT d.id FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
+         WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND w.status = 'active'
+           AND d.attempts - d.run_start < ${ATTEMPTS_PER_RUN}
+         ORDER BY d.next_attempt_at, d.id
+         LIMIT ${Math.max(1, Math.floor(limit))}
+         FOR UPDATE OF d SKIP LOCKED
+       )
+       UPDATE webhook_deliveries d
+       SET attempts = d.attempts + 1,
+           next_attempt_at = $1::timestamptz + ($2::bigint[])[d.attempts + 1 - d.run_start] * INTERVAL '1 millisecond',
+           updated_at = $1
+       FROM due WHERE d.id = due.id
+       RETURNING d.*`, [now, leasesMs]);
+    if (!claimed.length) return [];
+    const ids = claimed.map((row) => row.id);
+    const attempts = claimed.map((row) => row.attempts);
+    const nexts = claimed.map((row) => {
+      const next = nextAttemptAtMs(nowMs, row.attempts - row.run_start);
+      return next === null ? null : new Date(next);
+    });
+    await tx.query(
+      `UPDATE webhook_attempts a SET outcome = 'lost', error = $3
+       FROM unnest($1::text[], $2::int[]) AS c(id, attempt)
+       WHERE a.delivery_id = c.id AND a.attempt < c.attempt AND a.outcome IS NULL`, [ids, attempts, LOST_ATTEMPT_ERROR]);
+    await tx.query(
+      `INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, next_attempt_at)
+       SELECT c.id, c.attempt, $3, c.next FROM unnest($1::text[], $2::int[], $4::timestamptz[]) AS c(id, attempt, next)`,
+      [ids, attempts, now, nexts]);
+    const webhooks = await tx.query<SigningRow>(
+      `SELECT id, url, signing_secret, previous_signing_secret, previous_secret_expires_at FROM webhooks WHERE id = ANY($1::text[])`,
+      [[...new Set(claimed.map((row) => row.webhook_id))]]);
+    const events = await tx.query<StoredEvent & { org_id: string }>(
+      'SELECT id, org_id, type, created_at, payload FROM events WHERE id = ANY($1::text[])', [claimed.map((row) => row.event_id)]);
+    const webhookById = new Map(webhooks.map((row) => [row.id, row]));
+    const eventById = new Map(events.map((row) => [row.id, row]));
+    return claimed.map((row) => {
+      const webhook = webhookById.get(row.webhook_id)!;
+      const event = eventById.get(row.event_id);
+      return {
+        deliveryId: row.id,
+        webhookId: row.webhook_id,
+        eventId: row.event_id,
+        attempt: row.attempts,
+        final: row.attempts - row.run_start >= ATTEMPTS_PER_RUN,
+        ping: false,
+        url: webhook.url,
+        signing: signingOf(webhook, nowMs),
+        body: event && event.org_id === row.org_id ? deliveryBody(event) : null,
+      };
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sending and recording
+
+export interface AttemptResult {
+  succeeded: boolean;
+  statusCode: number | null;
+  latencyMs: number;
+  error: string | null;
+  responseExcerpt: string | null;
+}
+
+/** Text a receiver sent, made storable: bounded, and without NUL (which PostgreSQL text refuses). */
+function excerptOf(body: Buffer): string | null {
+  if (!body.length) return null;
+  return body.subarray(0, RESPONSE_EXCERPT_CHARS * 4).toString('utf8').replace(/\u0000/g, '').slice(0, RESPONSE_EXCERPT_CHARS);
+}
+
+/** Makes one attempt; never throws (every way it can go wrong is a failed attempt with a reason). */
+export async function sendAttempt(claim: ClaimedAttempt, options: { allowPrivate: boolean }): Promise<AttemptResult> {
+  if (claim.body === null) {
+    return { succeeded: false, statusCode: null, latencyMs: 0, error: 'The event is no longer stored (past its retention).', responseExcerpt: null };
+  }
+  const startedMs = performance.now();
+  try {
+    const response = await fetchGuarded(claim.url, {
+      method: 'POST',
+      headers: deliveryHeaders(claim.body, claim.signing, { eventId: claim.eventId, deliveryId: claim.deliveryId, attempt: claim.attempt }),
+      body: claim.body,
+      timeoutMs: DELIVERY_TIMEOUT_MS,
+      maxBytes: RESPONSE_BYTES_MAX,
+      allowPrivate: options.allowPrivate,
+    });
+    const succeeded = response.status >= 200 && response.status < 300;
+    let error: string | null = null;
+    if (response.status >= 300 && response.status < 400) {
+      error = `The endpoint answered ${response.status}, a redirect, which is not followed: a 2xx is required.`;
+    } else if (!succeeded) {
+      error = `The endpoint answered ${response.status}: a 2xx is required.`;
+    }
+    return { succeeded, statusCode: response.status, latencyMs: response.latencyMs, error, responseExcerpt: excerptOf(response.body) };
+  } catch (error) {
+    const message = error instanceof OutboundError ? `${error.message}.` : 'The request could not be made.';
+    return { succeeded: false, statusCode: null, latencyMs: Math.round(performance.now() - startedMs), error: message, responseExcerpt: null };
+  }
+}
+
+/**
+ * Degrades an active webhook and pauses its pending deliveries (one in flight finishes, and is
+ * then paused unless it succeeded). Returns whether this call degraded it.
+ */
+async function degradeWebhook(tx: Queryable, webhookId: string, now: Date): Promise<boolean> {
+  const rows = await tx.query(
+    `UPDATE webhooks SET status = 'degraded', degraded_at = $2, updated_at = $2 WHERE id = $1 AND status = 'active' RETURNING id`,
+    [webhookId, now]);
+  if (!rows.length) return false;
+  await tx.query(
+    `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
+     WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
+  return true;
+}
+
+/**
+ * Records how an attempt went. A success delivers (even if the delivery was paused meanwhile);
+ * a failure of the last attempt of a run pauses the delivery and degrades the webhook, unless a
+ * later attempt was claimed meanwhile (then that one decides). A ping is never retried.
+ *
+ * Locks are always taken webhook, then delivery, then attempt (as updateWebhook and
+ * settleLostFinalAttempts do), so these transactions cannot deadlock one another.
+ */
+export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedAttempt, result: AttemptResult): Promise<void> {
+  const now = new Date(nowMs);
+  const exhausts = !result.succeeded && claim.final && !claim.ping && claim.body !== null;
+  await db.transaction(async (tx) => {
+    if (exhausts) await tx.query('SELECT id FROM webhooks WHERE id = $1 FOR NO KEY UPDATE', [claim.webhookId]);
+    const [delivery] = await tx.query<Pick<DeliveryRow, 'status' | 'attempts'>>(
+      'SELECT status, attempts FROM webhook_deliveries WHERE id = $1 FOR UPDATE', [claim.deliveryId]);
+    // Deleted with its webhook meanwhile: nothing left to record.
+    if (!delivery) return;
+    await tx.query(
+      `UPDATE webhook_attempts SET outcome = $3, finished_at = $4, status_code = $5, latency_ms = $6, error = $7, response_excerpt = $8
+       WHERE delivery_id = $1 AND attempt = $2`,
+      [claim.deliveryId, claim.attempt, result.succeeded ? 'succeeded' : 'failed', now, result.statusCode, result.latencyMs,
+        result.error, result.responseExcerpt]);
+    const open = delivery.status === 'pending' || delivery.status === 'paused';
+    if (!open) return;
+    if (result.succeeded) {
+      await tx.query(
+        `UPDATE webhook_deliveries SET status = 'delivered', delivered_at = $2, next_attempt_at = NULL, updated_at = $2 WHERE id = $1`,
+        [claim.deliveryId, now]);
+    } else if (claim.ping || claim.body === null) {
+      await tx.query(
+        `UPDATE webhook_deliveries SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, updated_at = $2 WHERE id = $1`,
+        [claim.deliveryId, now, claim.ping ? 'ping_failed' : 'event_missing']);
+    } else if (exhausts && delivery.attempts === claim.attempt) {
+      await tx.query(
+        `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2 WHERE id = $1`, [claim.deliveryId, now]);
+      await degradeWebhook(tx, claim.webhookId, now);
+    }
+  });
+}
+
+/**
+ * A last attempt whose lease ran out without an outcome counts as failed: its delivery pauses
+ * and its webhook degrades, as if the endpoint had failed it. Returns how many were settled.
+ */
+export async function settleLostFinalAttempts(db: Database, nowMs: number): Promise<number> {
+  const now = new Date(nowMs);
+  const due = `status = 'pending' AND next_attempt_at <= $1 AND attempts - run_start >= ${ATTEMPTS_PER_RUN}`;
+  const webhooks = await db.query<{ webhook_id: string }>(
+    `SELECT DISTINCT webhook_id FROM webhook_deliveries WHERE ${due} LIMIT 100`, [now]);
+  let settled = 0;
+  for (const { webhook_id: webhookId } of webhooks) {
+    settled += await db.transaction(async (tx) => {
+      await tx.query('SELECT id FROM webhooks WHERE id = $1 FOR NO KEY UPDATE', [webhookId]);
+      const lost = await tx.query<{ id: string }>(
+        `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $1
+         WHERE webhook_id = $2 AND ${due} RETURNING id`, [now, webhookId]);
+      if (!lost.length) return 0;
+      await tx.query(
+        `UPDATE webhook_attempts SET outcome = 'lost', error = $2 WHERE delivery_id = ANY($1::text[]) AND outcome IS NULL`,
+        [lost.map((row) => row.id), LOST_ATTEMPT_ERROR]);
+      await degradeWebhook(tx, webhookId, now);
+      return lost.length;
+    });
+  }
+  return settled;
+}
+
+/**
+ * The delivery log keeps 30 days: an undelivered delivery older than that is given up
+ * (`failed`, `expired`), a finished one older than that is deleted with its attempts.
+ */
+export async function expireDeliveryLog(db: Database, nowMs: number): Promise<{ expired: number; deleted: number }> {
+  const cutoff = new Date(nowMs - DELIVERY_LOG_RETENTION_MS);
+  const now = new Date(nowMs);
+  const expired = await db.query(
+    `UPDATE webhook_deliveries SET status = 'failed', failure_reason = 'expired', next_attempt_at = NULL, updated_at = $2
+     WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('pending', 'paused') AND created_at < $1 LIMIT ${RETENTION_BATCH})
+       AND status IN ('pending', 'paused')
+     RETURNING id`, [cutoff, now]);
+  const deleted = await db.query(
+    `DELETE FROM webhook_deliveries
+     WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed') AND updated_at < $1 LIMIT ${RETENTION_BATCH})
+     RETURNING id`, [cutoff]);
+  return { expired: expired.length, deleted: deleted.length };
+}
+
+const lastRetentionRunMs = new WeakMap<Database, number>();
+
+/**
+ * One run of the dispatcher (the `webhooks.deliver` job): settles lost last attempts, then
+ * claims and sends due attempts in batches until none is due or its time budget is spent.
+ */
+export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: number }> {
+  const wallMs = Date.now();
+  if (wallMs - (lastRetentionRunMs.get(ctx.db) ?? 0) >= RETENTION_INTERVAL_MS) {
+    lastRetentionRunMs.set(ctx.db, wallMs);
+    await expireDeliveryLog(ctx.db, ctx.clock.nowMs());
+  }
+  await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
+  const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
+  let attempted = 0;
+  while (performance.now() < deadlineMs) {
+    const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
+    if (!claims.length) break;
+    const outcomes = await Promise.allSettled(claims.map(async (claim) => {
+      const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
+      await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
+    }));
+    attempted += claims.length;
+    const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+    // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
+    if (failure) throw failure.reason;
+  }
+  return { attempted };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test ping
+
+export const PingResultView = Type.Object({
+  delivery_id: Type.String({ description: 'the ping\'s entry in the delivery log' }),
+  event_id: Type.String({ description: 'the synthetic event\'s id (`Service-Event-Id`); never stored as an event' }),
+  success: Type.Boolean({ description: 'whether the endpoint answered 2xx within 5 seconds' }),
+  status_code: Type.Union([Type.Integer(), Type.Null()], { description: 'null when no HTTP answer came back' }),
+  latency_ms: Type.Integer(),
+  error: Type.Union([Type.String(), Type.Null()]),
+});
+
+/**
+ * Sends a synthetic `ping` now, whatever the webhook's status, and answers how it went. It is
+ * recorded in the delivery log, never retried, and never changes the webhook's status.
+ */
+export async function sendTestPing(ctx: AppContext, orgId: string, webhookId: string) {
+  const nowMs = ctx.clock.nowMs();
+  const now = new Date(nowMs);
+  const webhook = await getWebhook(ctx.db, orgId, webhookId);
+  const eventId = newId('evt', nowMs);
+  const deliveryId = newId('dlv', nowMs);
+  const body = JSON.stringify({ event: 'ping', id: eventId, timestamp: now.toISOString(), webhook_id: webhook.id });
+  await ctx.db.transaction(async (tx) => {
+    const inserted = await tx.query(
+      `INSERT INTO webhook_deliveries
+         (id, org_id, webhook_id, event_id, event_type, event_created_at, status, attempts, next_attempt_at, created_at, updated_at)
+       SELECT $1, org_id, id, $3, 'ping', $4, 'pending', 1, NULL, $4, $4 FROM webhooks WHERE org_id = $5 AND id = $2
+       RETURNING id`, [deliveryId, webhookId, eventId, now, orgId]);
+    if (!inserted.length) throw webhookNotFound(webhookId);
+    await tx.query('INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at) VALUES ($1, 1, $2)', [deliveryId, now]);
+  });
+  const claim: ClaimedAttempt = {
+    deliveryId, webhookId, eventId, attempt: 1, final: false, ping: true, url: webhook.url, signing: signingOf(webhook, nowMs), body,
+  };
+  const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
+  await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
+  return {
+    delivery_id: deliveryId, event_id: eventId, success: result.succeeded, status_code: result.statusCode,
+    latency_ms: result.latencyMs, error: result.error,
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// The delivery log
+
+interface AttemptRow {
+  delivery_id: string;
+  attempt: number;
+  attempted_at: Date;
+  outcome: 'succeeded' | 'failed' | 'lost' | null;
+  finished_at: Date | null;
+  status_code: number | null;
+  latency_ms: number | null;
+  error: string | null;
+  response_excerpt: string | null;
+  next_attempt_at: Date | null;
+}
+
+const TIME_OR_NULL = Type.Union([Type.String(), Type.Null()]);
+
+export const AttemptView = Type.Object({
+  attempt: Type.Integer({ description: 'its number among all attempts of the delivery (`Service-Delivery-Attempt`)' }),
+  attempted_at: Type.String(),
+  outcome: Type.Union([Type.Literal('in_flight'), Type.Literal('succeeded'), Type.Literal('failed'), Type.Literal('lost')], {
+    description: '`lost`: the worker stopped before recording an outcome (the request may have arrived)',
+  }),
+  status_code: Type.Union([Type.Integer(), Type.Null()], { description: 'the endpoint\'s HTTP status; null when none came back' }),
+  latency_ms: Type.Union([Type.Integer(), Type.Null()]),
+  error: Type.Union([Type.String(), Type.Null()], { description: 'why the attempt failed' }),
+  response_excerpt: Type.Union([Type.String(), Type.Null()], { description: 'the first 500 characters of the endpoint\'s answer' }),
+  next_attempt_at: Type.Union([Type.String(), Type.Null()], { description: 'when the next attempt is due should this one fail; null after the last of a run' }),
+});
+
+export const DeliveryStatusSchema = Type.Union([Type.Literal('pending'), Type.Literal('paused'), Type.Literal('delivered'), Type.Literal('failed')]);
+
+export const DeliveryView = Type.Object({
+  delivery_id: Type.String(),
+  webhook_id: Type.String(),
+  event_id: Type.String(),
+  event_type: Type.String({ description: 'an event name, or `ping` for a test' }),
+  status: Type.Union([Type.Literal('pending'), Type.Literal('paused'), Type.Literal('delivered'), Type.Literal('failed')], {
+    description: '`pending`: an attempt is due at next_attempt_at; `paused`: waits for the webhook to be active; '
+      + '`failed`: given up (see failure_reason)',
+  }),
+  attempt_count: Type.Integer(),
+  next_attempt_at: TIME_OR_NULL,
+  failure_reason: Type.Union([Type.Literal('expired'), Type.Literal('event_missing'), Type.Literal('ping_failed'), Type.Null()]),
+  created_at: Type.String({ description: 'when the event happened' }),
+  delivered_at: TIME_OR_NULL,
+  attempts: Type.Array(AttemptView, { description: `oldest first; at most the ${LOG_ATTEMPTS_SHOWN_MAX} latest` }),
+});
+
+function attemptView(row: AttemptRow) {
+  return {
+    attempt: row.attempt,
+    attempted_at: row.attempted_at.toISOString(),
+    outcome: row.outcome ?? 'in_flight' as const,
+    status_code: row.status_code,
+    latency_ms: row.latency_ms,
+    error: row.error,
+    response_excerpt: row.response_excerpt,
+    next_attempt_at: row.next_attempt_at?.toISOString() ?? null,
+  };
+}
+
+export interface DeliveryFilter {
+  status?: DeliveryRow['status'];
+  eventId?: string;
+}
+
+/** One page of a webhook's deliveries, newest event first, each with its latest attempts. */
+export async function listDeliveries(q: Queryable, orgId: string, webhookId: string, page: PageRequest, filter: DeliveryFilter) {
+  await getWebhook(q, orgId, webhookId);
+  const params: unknown[] = [orgId, webhookId];
+  const where = ['org_id = $1', 'webhook_id = $2'];
+  if (filter.status !== undefined) {
+    params.push(filter.status);
+    where.push(`status = $${params.length}`);
+  }
+  if (filter.eventId !== undefined) {
+    params.push(filter.eventId);
+    where.push(`event_id = $${params.length}`);
+  }
+  const after = keysetCondition(page, params.length + 1);
+  params.push(...after.params);
+  const rows = await q.query<DeliveryRow>(
+    `SELECT * FROM webhook_deliveries WHERE ${where.join(' AND ')} AND ${after.sql}
+     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+  const shown = rows.slice(0, page.limit).map((row) => row.id);
+  const attempts = shown.length ? await q.query<AttemptRow>(
+    `SELECT * FROM (
+       SELECT a.*, row_number() OVER (PARTITION BY delivery_id ORDER BY attempt DESC) AS recency
+       FROM webhook_attempts a WHERE delivery_id = ANY($1::text[])
+     ) latest WHERE recency <= ${LOG_ATTEMPTS_SHOWN_MAX} ORDER BY delivery_id, attempt`, [shown]) : [];
+  const attemptsOf = new Map<string, AttemptRow[]>();
+  for (const attempt of attempts) attemptsOf.set(attempt.delivery_id, [...(attemptsOf.get(attempt.delivery_id) ?? []), attempt]);
+  return toPage(rows, page, (row) => ({
+    delivery_id: row.id,
+    webhook_id: row.webhook_id,
+    event_id: row.event_id,
+    event_type: row.event_type,
+    status: row.status,
+    attempt_count: row.attempts,
+    next_attempt_at: row.next_attempt_at?.toISOString() ?? null,
+    failure_reason: row.failure_reason as 'expired' | 'event_missing' | 'ping_failed' | null,
+    created_at: row.created_at.toISOString(),
+    delivered_at: row.delivered_at?.toISOString() ?? null,
+    attempts: (attemptsOf.get(row.id) ?? []).map(attemptView),
+  }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lag, for benchmarks
+
+/**
+ * Webhook lag as a receiver sees it: from an event's time to its delivery's 2xx, over the
+ * events delivered since `sinceMs` (service clock), pings excluded. A benchmark reads it after
+ * a run; docs/webhooks.md "Measuring lag".
+ */
+export async function deliveryLag(q: Queryable, sinceMs: number): Promise<{ delivered: number; p50Ms: number | null; p95Ms: number | null; maxMs: number | null }> {
+  const [row] = await q.query<{ delivered: number; p50: number | null; p95: number | null; max: number | null }>(
+    `SELECT count(*)::int AS delivered,
+            percentile_cont(0.5) WITHIN GROUP (ORDER BY lag) AS p50,
+            percentile_cont(0.95) WITHIN GROUP (ORDER BY lag) AS p95,
+            max(lag) AS max
+     FROM (SELECT extract(epoch FROM delivered_at - event_created_at) * 1000 AS lag FROM webhook_deliveries
+           WHERE status = 'delivered' AND event_type <> 'ping' AND delivered_at >= $1) lags`, [new Date(sinceMs)]);
+  const ms = (value: number | null | undefined) => (value === null || value === undefined ? null : Math.round(Number(value)));
+  return { delivered: row?.delivered ?? 0, p50Ms: ms(row?.p50), p95Ms: ms(row?.p95), maxMs: ms(row?.max) };
+}

@@ -1,0 +1,241 @@
+/**
+ * Webhooks (docs/webhooks.md): HTTPS endpoints an organisation registers to receive its events
+ * as signed POST requests. This file holds the endpoint records: subscriptions, status, signing
+ * secrets. Deliveries and the dispatcher are in delivery.ts.
+ *
+ * A signing secret is stored as is: every delivery is signed with it (HMAC-SHA256 needs the
+ * secret itself, which a digest could not give back). It is shown in the creation and rotation
+ * responses only.
+ */
+import { randomBytes } from 'node:crypto';
+import { Type } from 'typebox';
+import type { Database, Queryable } from '../db/database.ts';
+import { EVENT_TYPES } from '../events/events.ts';
+import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { newId } from '../ids/ids.ts';
+import { assertPublicUrl } from '../net/outbound.ts';
+
+/** Enough for one endpoint per event type and per environment; more is a mistake or abuse. */
+export const WEBHOOKS_PER_ORG_MAX = 20;
+/** After a rotation the previous secret keeps signing this long, so receivers can switch without a gap. */
+export const SECRET_ROTATION_OVERLAP_MS = 24 * 3600 * 1000;
+/** Every event name at most once, plus slack for requests that repeat names (deduplicated). */
+export const SUBSCRIPTIONS_MAX = 2 * EVENT_TYPES.length + 10;
+export const ALL_EVENTS = '*';
+const SECRET_PREFIX = 'whsec_';
+
+export type WebhookStatus = 'active' | 'degraded' | 'disabled';
+
+/** A new signing secret: `whsec_` and 256 random bits in base64url. */
+export function generateSigningSecret(): string {
+  return `${SECRET_PREFIX}${randomBytes(32).toString('base64url')}`;
+}
+
+/** Refused input is echoed in messages, but never at a length that would flood a log line. */
+function quoted(text: string): string {
+  return JSON.stringify(text.length > 80 ? `${text.slice(0, 80)}…` : text);
+}
+
+/**
+ * The stored form of a subscription: `['*']`, or known event names without repeats, in the
+ * order given. `*` may come as a string or as the only element of the array.
+ */
+export function normaliseSubscriptions(events: string | readonly string[]): string[] {
+  const names = typeof events === 'string' ? [events] : [...events];
+  if (!names.length) throw invalidRequest('events', `events is "*" or a non-empty array of event names.`);
+  if (names.includes(ALL_EVENTS)) {
+    if (names.some((name) => name !== ALL_EVENTS)) {
+      throw invalidRequest('events', '"*" already subscribes to every event: send it alone, or list event names without it.');
+    }
+    return [ALL_EVENTS];
+  }
+  const unknown = names.find((name) => !(EVENT_TYPES as readonly string[]).includes(name));
+  if (unknown !== undefined) {
+    throw invalidRequest('events', `Unknown event ${quoted(unknown)}: events is "*" or names among ${EVENT_TYPES.join(', ')}.`);
+  }
+  return [...new Set(names)];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rows and views
+
+export interface WebhookRow {
+  id: string;
+  org_id: string;
+  url: string;
+  events: string[];
+  status: WebhookStatus;
+  signing_secret: string;
+  previous_signing_secret: string | null;
+  previous_secret_expires_at: Date | null;
+  secret_rotated_at: Date | null;
+  degraded_at: Date | null;
+  created_at: Date;
+  updated_at: Date;
+}
+
+/** A webhook as reads show it: never a secret. */
+export const WebhookView = Type.Object({
+  webhook_id: Type.String(),
+  url: Type.String(),
+  events: Type.Array(Type.String(), { description: 'event names, or ["*"] for every event' }),
+  status: Type.Union([Type.Literal('active'), Type.Literal('degraded'), Type.Literal('disabled')], {
+    description: '`degraded`: a delivery failed 5 attempts in a row; deliveries are paused until PATCH {status: "active"}. '
+      + '`disabled`: turned off by an operator; events are not queued meanwhile.',
+  }),
+  degraded_at: Type.Union([Type.String(), Type.Null()], { description: 'when the webhook last became degraded' }),
+  secret_rotated_at: Type.Union([Type.String(), Type.Null()], { description: 'the last rotation; null if never rotated' }),
+  previous_secret_expires_at: Type.Union([Type.String(), Type.Null()], {
+    description: 'until when deliveries also carry `Service-Signature-Previous`, signed with the secret before the last rotation',
+  }),
+  created_at: Type.String(),
+  updated_at: Type.String(),
+});
+
+/** A webhook with its new secret: the creation and rotation responses, and only those. */
+export const WebhookWithSecretView = Type.Object({
+  ...WebhookView.properties,
+  signing_secret: Type.String({ description: 'the signing secret: shown this once, store it now' }),
+});
+
+export function webhookView(row: WebhookRow) {
+  return {
+    webhook_id: row.id,
+    url: row.url,
+    events: row.events,
+    status: row.status,
+    degraded_at: row.degraded_at?.toISOString() ?? null,
+    secret_rotated_at: row.secret_rotated_at?.toISOString() ?? null,
+    previous_secret_expires_at: row.previous_secret_expires_at?.toISOString() ?? null,
+    created_at: row.created_at.toISOString(),
+    updated_at: row.updated_at.toISOString(),
+  };
+}
+
+export function webhookWithSecretView(row: WebhookRow) {
+  return { ...webhookView(row), signing_secret: row.signing_secret };
+}
+
+export function webhookNotFound(webhookId: string): ServiceError {
+  return new ServiceError('webhook_not_found', `No webhook ${quoted(webhookId)} in your organisation.`, { param: 'webhook_id' });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Use-cases
+
+export interface UrlPolicy {
+  /** AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS */
+  allowPrivateUrls: boolean;
+}
+
+export interface NewWebhook {
+  url: string;
+  events: string | string[];
+}
+
+/**
+ * Registers an endpoint; its secret is in the returned row (shown once). The organisation row
+ * is locked while counting, so two concurrent creations cannot both take the last place.
+ */
+export async function createWebhook(db: Database, nowMs: number, orgId: string, input: NewWebhook, policy: UrlPolicy): Promise<WebhookRow> {
+  const url = assertPublicUrl(input.url, { allowPrivate: policy.allowPrivateUrls, param: 'url' }).href;
+  const events = normaliseSubscriptions(input.events);
+  return db.transaction(async (tx) => {
+    await tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
+    const [count] = await tx.query<{ n: number }>('SELECT count(*)::int AS n FROM webhooks WHERE org_id = $1', [orgId]);
+    if (count!.n >= WEBHOOKS_PER_ORG_MAX) {
+      throw new ServiceError('invalid_request',
+        `An organisation has at most ${WEBHOOKS_PER_ORG_MAX} webhooks: delete one, or subscribe an existing one to more events.`);
+    }
+    const now = new Date(nowMs);
+    const rows = await tx.query<WebhookRow>(
+      `INSERT INTO webhooks (id, org_id, url, events, status, signing_secret, created_at, updated_at)
+       VALUES ($1, $2, $3, $4, 'active', $5, $6, $6) RETURNING *`,
+      [newId('whk', nowMs), orgId, url, events, generateSigningSecret(), now]);
+    return rows[0]!;
+  });
+}
+
+export async function getWebhook(q: Queryable, orgId: string, webhookId: string): Promise<WebhookRow> {
+  const rows = await q.query<WebhookRow>('SELECT * FROM webhooks WHERE org_id = $1 AND id = $2', [orgId, webhookId]);
+  if (!rows[0]) throw webhookNotFound(webhookId);
+  return rows[0];
+}
+
+/** One page of the organisation's webhooks, newest first. */
+export async function listWebhooks(q: Queryable, orgId: string, page: PageRequest) {
+  const after = keysetCondition(page, 2);
+  const rows = await q.query<WebhookRow>(
+    `SELECT * FROM webhooks WHERE org_id = $1 AND ${after.sql}
+     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, [orgId, ...after.params]);
+  return toPage(rows, page, webhookView);
+}
+
+export interface WebhookChange {
+  url?: string;
+  events?: string | string[];
+  /** `degraded` is the dispatcher's to set, never a request's */
+  status?: 'active' | 'disabled';
+}
+
+/**
+ * Changes url, subscriptions or status. Status moves pause and resume deliveries in the same
+ * transaction:
+ * - to `disabled`: pending deliveries pause; new events are not queued while disabled;
+ * - to `active` (from `degraded` or `disabled`): every paused delivery starts a new run of
+ *   five attempts, the first one due at once.
+ */
+export async function updateWebhook(
+  db: Database, nowMs: number, orgId: string, webhookId: string, change: WebhookChange, policy: UrlPolicy,
+): Promise<WebhookRow> {
+  const url = change.url === undefined ? undefined : assertPublicUrl(change.url, { allowPrivate: policy.allowPrivateUrls, param: 'url' }).href;
+  const events = change.events === undefined ? undefined : normaliseSubscriptions(change.events);
+  const now = new Date(nowMs);
+  return db.transaction(async (tx) => {
+    const [current] = await tx.query<WebhookRow>(
+      'SELECT * FROM webhooks WHERE org_id = $1 AND id = $2 FOR NO KEY UPDATE', [orgId, webhookId]);
+    if (!current) throw webhookNotFound(webhookId);
+    const status = change.status ?? current.status;
+    const rows = await tx.query<WebhookRow>(
+      `UPDATE webhooks SET url = $3, events = $4, status = $5, updated_at = $6
+       WHERE org_id = $1 AND id = $2 RETURNING *`,
+      [orgId, webhookId, url ?? current.url, events ?? current.events, status, now]);
+    if (status === 'disabled' && current.status !== 'disabled') {
+      await tx.query(
+        `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
+         WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
+    }
+    if (status === 'active' && current.status !== 'active') await resumePausedDeliveries(tx, webhookId, now);
+    return rows[0]!;
+  });
+}
+
+/** A paused delivery restarts its schedule: a new run of five attempts, the first due now. */
+async function resumePausedDeliveries(tx: Queryable, webhookId: string, now: Date): Promise<void> {
+  await tx.query(
+    `UPDATE webhook_deliveries SET status = 'pending', run_start = attempts, next_attempt_at = $2, updated_at = $2
+     WHERE webhook_id = $1 AND status = 'paused'`, [webhookId, now]);
+}
+
+/** Deletes the webhook with its delivery log; an attempt in flight finishes unrecorded. */
+export async function deleteWebhook(q: Queryable, orgId: string, webhookId: string): Promise<void> {
+  const rows = await q.query('DELETE FROM webhooks WHERE org_id = $1 AND id = $2 RETURNING id', [orgId, webhookId]);
+  if (!rows.length) throw webhookNotFound(webhookId);
+}
+
+/**
+ * A new secret, returned once; the one it replaces keeps signing (`Service-Signature-Previous`)
+ * for 24 hours. Only one previous secret is kept: rotating again within the overlap ends the
+ * older one at once. One statement, so two concurrent rotations cannot lose a secret.
+ */
+export async function rotateSigningSecret(q: Queryable, nowMs: number, orgId: string, webhookId: string): Promise<WebhookRow> {
+  const rows = await q.query<WebhookRow>(
+    `UPDATE webhooks
+     SET previous_signing_secret = signing_secret, previous_secret_expires_at = $3, signing_secret = $4,
+         secret_rotated_at = $5, updated_at = $5
+     WHERE org_id = $1 AND id = $2 RETURNING *`,
+    [orgId, webhookId, new Date(nowMs + SECRET_ROTATION_OVERLAP_MS), generateSigningSecret(), new Date(nowMs)]);
+  if (!rows[0]) throw webhookNotFound(webhookId);
+  return rows[0];
+}
