@@ -2,9 +2,12 @@
  * `agent-vault <command>`: one executable for the service, its workers, the local validator
  * and operations. Each command is a thin call into the module that owns it.
  */
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { ConfigError, loadConfig } from './config/config.ts';
+import { ConfigError, loadConfig, type Config } from './config/config.ts';
+import type { ServiceClock } from './clock/service-clock.ts';
+import type { Database } from './db/database.ts';
 
 const USAGE = `Usage: agent-vault <command> [options]
 
@@ -13,7 +16,21 @@ Commands:
   migrate                                      apply database migrations and exit
   validator [--port 8899] [--host 127.0.0.1]   run the local Solana validator (LiteSVM) over JSON-RPC
   program build [--check]                      rebuild program/agent_vault.so (--check: verify the committed bytes)
+  org create --name <name>                     create an organisation (reserve and presets on chain); prints its admin key once
+  org list [--cursor <c>]                      list the organisations
+  keys create --role <role> [--name <n>] [--org <org_id>]
+                                               create an API key (admin, operator, agent, viewer, arbiter); prints it once
+  keys list [--org <org_id>] [--cursor <c>]    list API keys: id, name, role, prefix…last4, created, last used, revoked
+  keys revoke <api_key_id> [--org <org_id>]    revoke an API key at once
+  export --format csv|json [--wallet <id>] [--status <s>] [--type <t>] [--recipient <r>] [--from <time>] [--to <time>]
+         [--out <file>] [--force] [--url <service url>] [--key <API key>]
+                                               export transactions through a running service's API and write the file
+                                               (key: --key or AGENT_VAULT_API_KEY; url: default http://HOST:PORT)
   help                                         this text
+
+keys and org work on the database directly; --org defaults to the default organisation. On PGlite
+(no DATABASE_URL) they need the service stopped: one process owns a data dir. With PostgreSQL
+they run beside it (org create also needs the chain: AGENT_VAULT_RPC_URL). See docs/operations.md.
 
 Configuration comes from environment variables (see README.md).`;
 
@@ -72,6 +89,101 @@ const commands: Record<string, Command> = {
     return 0;
   },
 
+  org: operatorCommand(async (args) => {
+    const [sub, ...rest] = args;
+    const config = loadConfig();
+    if (sub === 'create') {
+      const { values } = parseArgs({ args: rest, options: { name: { type: 'string' } }, strict: true });
+      if (values.name === undefined) throw new UsageError('expected: agent-vault org create --name <name>');
+      const name = values.name;
+      return withOperatorDatabase(config, async (db, clock) => {
+        const { connectChain } = await import('./chain/connect.ts');
+        const { createOrganizationCommand } = await import('./organizations/command.ts');
+        const chain = await connectChain(config, clock, () => {});
+        try {
+          console.log(await createOrganizationCommand({ db, clock, chain: chain.chain }, { name }));
+        } finally {
+          await chain.close();
+        }
+      });
+    }
+    if (sub === 'list') {
+      const { values } = parseArgs({ args: rest, options: { cursor: { type: 'string' } }, strict: true });
+      return withOperatorDatabase(config, async (db) => {
+        const { listOrganizationsCommand } = await import('./organizations/command.ts');
+        console.log(await listOrganizationsCommand(db, { cursor: values.cursor }));
+      });
+    }
+    throw new UsageError('expected: agent-vault org create --name <name> | org list');
+  }),
+
+  keys: operatorCommand(async (args) => {
+    const [sub, ...rest] = args;
+    const config = loadConfig();
+    // Imported once the arguments are known good: a usage error answers without loading it.
+    const commandModule = () => import('./api-keys/command.ts');
+    if (sub === 'create') {
+      const { values } = parseArgs({
+        args: rest, options: { role: { type: 'string' }, name: { type: 'string' }, org: { type: 'string' } }, strict: true,
+      });
+      if (values.role === undefined) throw new UsageError('expected: agent-vault keys create --role <role> [--name <n>] [--org <org_id>]');
+      const options = { role: values.role, name: values.name, org: values.org };
+      return withOperatorDatabase(config, async (db, clock) => {
+        const { createKeyCommand } = await commandModule();
+        console.log(await createKeyCommand({ db, clock }, options));
+      });
+    }
+    if (sub === 'list') {
+      const { values } = parseArgs({ args: rest, options: { org: { type: 'string' }, cursor: { type: 'string' } }, strict: true });
+      return withOperatorDatabase(config, async (db, clock) => {
+        const { listKeysCommand } = await commandModule();
+        console.log(await listKeysCommand({ db, clock }, { org: values.org, cursor: values.cursor }));
+      });
+    }
+    if (sub === 'revoke') {
+      const { values, positionals } = parseArgs({ args: rest, options: { org: { type: 'string' } }, allowPositionals: true, strict: true });
+      if (positionals.length !== 1) throw new UsageError('expected: agent-vault keys revoke <api_key_id> [--org <org_id>]');
+      const options = { apiKeyId: positionals[0]!, org: values.org };
+      return withOperatorDatabase(config, async (db, clock) => {
+        const { revokeKeyCommand } = await commandModule();
+        console.log(await revokeKeyCommand({ db, clock }, options));
+      });
+    }
+    throw new UsageError('expected: agent-vault keys create | list | revoke');
+  }),
+
+  async export(args) {
+    const { values } = parseArgs({
+      args,
+      options: {
+        format: { type: 'string' }, wallet: { type: 'string' }, status: { type: 'string' }, type: { type: 'string' },
+        recipient: { type: 'string' }, from: { type: 'string' }, to: { type: 'string' }, out: { type: 'string' },
+        force: { type: 'boolean', default: false }, url: { type: 'string' }, key: { type: 'string' },
+      },
+      strict: true,
+    });
+    if (values.format === undefined) throw new UsageError('expected: agent-vault export --format csv|json [filters] [--out <file>]');
+    // The API key of a client, not the service's configuration: read here, where the client runs.
+    const apiKey = values.key ?? process.env.AGENT_VAULT_API_KEY;
+    if (!apiKey) throw new UsageError('give an API key with --key or AGENT_VAULT_API_KEY');
+    const baseUrl = values.url ?? localServiceUrl(loadConfig());
+    const filters: Record<string, string> = {};
+    for (const [name, option] of [['walletId', 'wallet'], ['status', 'status'], ['type', 'type'], ['recipient', 'recipient'], ['from', 'from'], ['to', 'to']] as const) {
+      if (values[option] !== undefined) filters[name] = values[option];
+    }
+    const { runExportCommand, ExportCommandError } = await import('./exports/command.ts');
+    try {
+      console.log(await runExportCommand(
+        { baseUrl, apiKey, format: values.format, filters, out: values.out ?? null, force: values.force },
+        { stderr: process.stderr, wait: (ms) => new Promise((resolve) => setTimeout(resolve, ms)) }));
+      return 0;
+    } catch (error) {
+      if (!(error instanceof ExportCommandError)) throw error;
+      console.error(`agent-vault export: ${error.message}`);
+      return 1;
+    }
+  },
+
   async help() {
     console.log(USAGE);
     return 0;
@@ -79,6 +191,57 @@ const commands: Record<string, Command> = {
 };
 
 class UsageError extends Error {}
+
+/** Where `serve` with this configuration listens (a wildcard host is reached on loopback). */
+function localServiceUrl(config: Config): string {
+  const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host.includes(':') ? `[${config.host}]` : config.host;
+  return `http://${host}:${config.port}`;
+}
+
+/**
+ * keys and org are run by operators, often in scripts: any failure (a refused key, a locked
+ * data dir, an unreachable database) is one line on stderr and exit status 2, never a stack.
+ */
+function operatorCommand(run: Command): Command {
+  return async (args) => {
+    try {
+      return await run(args);
+    } catch (error) {
+      if (error instanceof UsageError) throw error;
+      const message = error instanceof Error ? error.message : String(error);
+      throw new UsageError(message.split('\n')[0] || 'failed');
+    }
+  };
+}
+
+/**
+ * Opens the database an operator command works on, with the service clock, and closes it after.
+ * It must exist and be migrated already: an operator pointing at the wrong data dir or
+ * database is told so, instead of getting an empty database created or altered.
+ */
+async function withOperatorDatabase(
+  config: Config, work: (db: Database, clock: ServiceClock) => Promise<void>,
+): Promise<number> {
+  if (!config.databaseUrl && !existsSync(join(config.dataDir, 'pglite'))) {
+    throw new UsageError(`no database in ${config.dataDir}: run agent-vault migrate (or serve) first, or set AGENT_VAULT_DATA_DIR or DATABASE_URL`);
+  }
+  const { openDatabase } = await import('./db/database.ts');
+  const { listMigrations } = await import('./db/migrate.ts');
+  const { ServiceClock } = await import('./clock/service-clock.ts');
+  const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir });
+  try {
+    const [table] = await db.query<{ exists: boolean }>(`SELECT to_regclass('schema_migrations') IS NOT NULL AS exists`);
+    const applied = table?.exists ? await db.query<{ version: number }>('SELECT version FROM schema_migrations') : [];
+    const missing = listMigrations().filter((migration) => !applied.some((row) => row.version === migration.version));
+    if (missing.length) {
+      throw new UsageError(`the database lacks migrations ${missing.map((m) => m.version).join(', ')}: run agent-vault migrate first`);
+    }
+    await work(db, await ServiceClock.load(db));
+    return 0;
+  } finally {
+    await db.close();
+  }
+}
 
 export async function main(argv: string[]): Promise<number> {
   const [name = 'help', ...args] = argv;

@@ -51,6 +51,8 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   });
   app.addHook('onRequest', authenticate(ctx));
   app.addHook('preValidation', async (request) => {
+    // A POST without a body is an empty object: `POST /v1/payments/:id/approve` needs no fields.
+    if (request.body === undefined && request.routeOptions.schema?.body) request.body = {};
     if (request.body && typeof request.body === 'object' && !Array.isArray(request.body)) {
       request.body = camelCaseKeys(request.body as Record<string, unknown>);
     }

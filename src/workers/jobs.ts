@@ -1,8 +1,17 @@
 /**
  * The job catalogue: every background job of the service, in one visible list.
  */
+import { expirePolicies, runWalletAutomation, scanAlerts } from '../automation/automation.ts';
+import { tickEscrows } from '../escrow/escrows.ts';
+import { deleteExpiredEvents } from '../events/events.ts';
+import { buildDueExports, expireExports } from '../exports/exports.ts';
+import { purgeExpiredKeys } from '../http/idempotency.ts';
+import { detectDeposits } from '../organizations/deposit-detector.ts';
+import { syncPendingPolicies } from '../policies/policies.ts';
+import { expireApprovals } from '../payments/payments.ts';
 import { reconcilePending } from '../transactions/settlement.ts';
 import { syncPendingWallets } from '../wallets/wallets.ts';
+import { dispatchWebhooks } from '../webhooks/delivery.ts';
 import type { Job } from './runner.ts';
 
 export const JOBS: readonly Job[] = [
@@ -20,10 +29,67 @@ export const JOBS: readonly Job[] = [
     run: async (ctx) => { await reconcilePending(ctx); },
   },
   {
+    // Blocks payments whose co-signature did not come in time.
+    name: 'payments.expire_approvals',
+    intervalMs: 5_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await expireApprovals(ctx); },
+  },
+  {
     // Brings vault accounts on chain to the wallets' state (creation, policy, freeze).
     name: 'wallets.sync',
     intervalMs: 2_000,
     timeoutMs: 30_000,
     run: async (ctx) => { await syncPendingWallets(ctx); },
   },
+  {
+    // Refunds escrows past their timeout; settles disputes whose chain outcome no request saw.
+    name: 'escrows.tick',
+    intervalMs: 1_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await tickEscrows(ctx); },
+  },
+  {
+    // A policy past its expiry freezes its vaults and writes policy.expired, once.
+    name: 'policies.expire',
+    intervalMs: 1_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await expirePolicies(ctx); },
+  },
+  {
+    // Auto-topups and balance.low, once per crossing.
+    name: 'wallets.automation',
+    intervalMs: 1_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await runWalletAutomation(ctx); },
+  },
+  {
+    // Inactivity and velocity-spike alerts.
+    name: 'alerts.scan',
+    intervalMs: 30_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await scanAlerts(ctx); },
+  },
+  {
+    // The activity feed keeps 90 days.
+    name: 'events.retention',
+    intervalMs: 3_600_000,
+    timeoutMs: 60_000,
+    run: async (ctx) => { await deleteExpiredEvents(ctx.db, ctx.clock.nowMs()); },
+  },
+  {
+    // Idempotency keys are kept 24 hours; then they go.
+    name: 'idempotency.purge',
+    intervalMs: 60_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await purgeExpiredKeys(ctx.db, ctx.clock.nowMs()); },
+  },
+  { name: 'deposits.detect', intervalMs: 2_000, timeoutMs: 20_000, run: async (ctx) => { await detectDeposits(ctx); } },
+  // Transaction exports: built in the background; files deleted when they expire (docs/exports.md).
+  { name: 'exports.build', intervalMs: 1_000, timeoutMs: 30 * 60_000, run: async (ctx) => { await buildDueExports(ctx); } },
+  { name: 'exports.expire', intervalMs: 60_000, timeoutMs: 60_000, run: async (ctx) => { await expireExports(ctx.db, ctx.clock.nowMs()); } },
+  { name: 'policies.sync', intervalMs: 2_000, timeoutMs: 30_000, run: async (ctx) => { await syncPendingPolicies(ctx); } },
+  // Webhook deliveries: due attempts claimed with SKIP LOCKED and sent (docs/webhooks.md); last, so a
+  // run of every job (runOnce) also delivers the events the jobs before it wrote.
+  { name: 'webhooks.deliver', intervalMs: 500, timeoutMs: 60_000, run: async (ctx) => { await dispatchWebhooks(ctx); } },
 ];

@@ -1,0 +1,61 @@
+/**
+ * The export formats as pure functions: RFC 4180 quoting, formula neutralisation, the column
+ * set (every field of the transaction view, nested objects flattened), JSON Lines.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { CSV_COLUMNS, csvCell, csvHeader, csvRecord, jsonLine } from './formats.ts';
+import { transactionView } from '../transactions/views.ts';
+import type { TransactionRow } from '../transactions/settlement.ts';
+
+test('a cell is quoted only when it holds a comma, a quote or a line break; quotes are doubled', () => {
+  assert.equal(csvCell('plain'), 'plain');
+  assert.equal(csvCell('a,b'), '"a,b"');
+  assert.equal(csvCell('say "hi"'), '"say ""hi"""');
+  assert.equal(csvCell('line 1\nline 2'), '"line 1\nline 2"');
+  assert.equal(csvCell('line 1\r\nline 2'), '"line 1\r\nline 2"');
+  assert.equal(csvCell(null), '');
+  assert.equal(csvCell(true), 'true');
+  assert.equal(csvCell(42), '42');
+  assert.equal(csvCell('café ✓'), 'café ✓');
+});
+
+test('a cell a spreadsheet would run as a formula starts with an apostrophe instead', () => {
+  assert.equal(csvCell('=1+1'), '\'=1+1');
+  assert.equal(csvCell('+1'), '\'+1');
+  assert.equal(csvCell('-1'), '\'-1');
+  assert.equal(csvCell('@SUM(A1:A2)'), '\'@SUM(A1:A2)');
+  assert.equal(csvCell('\t=1'), '\'\t=1');
+  assert.equal(csvCell('=HYPERLINK("http://x","y")'), '"\'=HYPERLINK(""http://x"",""y"")"');
+  // Only the first character matters: an amount or a time is left alone.
+  assert.equal(csvCell('12.50'), '12.50');
+  assert.equal(csvCell('2026-04-01T00:00:00.000Z'), '2026-04-01T00:00:00.000Z');
+  assert.equal(csvCell('a=b'), 'a=b');
+});
+
+test('the columns are every field of the transaction view, violation and approval flattened', () => {
+  assert.deepEqual([...CSV_COLUMNS], [
+    'tx_id', 'wallet_id', 'type', 'recipient', 'amount', 'currency', 'status', 'tx_signature', 'on_chain_slot', 'policy_id',
+    'policy_triggered', 'violation_rule', 'violation_limit', 'violation_attempted', 'memo', 'agent_attestation_hash',
+    'explorer_url', 'explorer_url_alt', 'failure_reason', 'approval_required', 'approval_status', 'approval_expires_at',
+    'approval_decided_by', 'approval_decided_at', 'timestamp', 'settled_at',
+  ]);
+  assert.equal(csvHeader(), `${CSV_COLUMNS.join(',')}\r\n`);
+});
+
+test('a record has one cell per column, amounts as decimal strings, times in ISO 8601, CRLF at the end', () => {
+  const createdAt = new Date('2026-04-01T10:00:00.123Z');
+  const row = {
+    id: 'tx_1', org_id: 'org_1', wallet_id: 'wal_1', type: 'payment', status: 'blocked', amount: 2_500_000n, currency: 'USDC',
+    recipient: 'api.example.com', policy_id: 'pol_1', policy_triggered: true,
+    violation: { rule: 'max_per_tx', limit: '1.00', attempted: '2.50' }, memo: 'x, "y"', attestation_hash: null,
+    tx_signature: null, last_valid_block_height: null, on_chain_slot: null, failure_reason: null, batch_id: null,
+    escrow_id: null, created_at: createdAt, updated_at: createdAt, settled_at: createdAt,
+  } satisfies TransactionRow;
+  const view = transactionView(row, { validator: null, config: { rpcUrl: null } });
+  assert.equal(csvRecord(view),
+    'tx_1,wal_1,payment,api.example.com,2.50,USDC,blocked,,,pol_1,true,max_per_tx,1.00,2.50,"x, ""y""",,,,,,,,,,'
+    + '2026-04-01T10:00:00.123Z,2026-04-01T10:00:00.123Z\r\n');
+  assert.deepEqual(JSON.parse(jsonLine(view)), view);
+  assert.ok(jsonLine(view).endsWith('}\n') && !jsonLine(view).slice(0, -1).includes('\n'), 'one line per transaction');
+});
