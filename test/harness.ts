@@ -57,7 +57,7 @@ export async function startTestService(options: { env?: Record<string, string>; 
     ...options.env,
   });
   const service = await buildService(config, {
-    inMemoryDatabase: true, schema, scheduleJobs: false, workers: options.workers ?? true, logger: pino({ level: 'silent' }),
+    inMemoryDatabase: true, schema, scheduleJobs: false, workers: options.workers ?? true, logger: pino({ level: process.env.TEST_LOG ?? 'silent' }),
   });
   const { ctx, app } = service;
 

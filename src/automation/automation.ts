@@ -16,7 +16,7 @@ import { ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { formatUsdc } from '../money/money.ts';
-import { AUTO_TOPUP_MEMO } from '../transactions/settlement.ts';
+import { AUTO_TOPUP_MEMO, type TransactionRow } from '../transactions/settlement.ts';
 import { fundWallets } from '../wallets/funding.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -175,15 +175,20 @@ export async function alertPolicyViolation(
     { tx_id: txId, violation });
 }
 
-/** Called when a payment is confirmed, in its transaction: the large-transaction alert. */
-export async function alertLargeTransaction(
-  q: Queryable, nowMs: number, orgId: string, walletId: string, txId: string, amount: bigint,
+/** Called when payments are confirmed, in their transaction: the large-transaction alert. */
+export async function alertLargeTransactions(
+  q: Queryable, nowMs: number, payments: ReadonlyArray<Pick<TransactionRow, 'org_id' | 'wallet_id' | 'id' | 'amount'>>,
 ): Promise<void> {
-  const { largeTransactionAmount } = await alertSettingsOf(q, orgId);
-  if (largeTransactionAmount === null || amount <= largeTransactionAmount) return;
-  await raiseAlert(q, nowMs, orgId, walletId, 'large_transaction',
-    `Payment of ${formatUsdc(amount)} USDC above the ${formatUsdc(largeTransactionAmount)} USDC alert threshold`,
-    { tx_id: txId, amount: formatUsdc(amount), threshold: formatUsdc(largeTransactionAmount) });
+  for (const orgId of new Set(payments.map((p) => p.org_id))) {
+    const { largeTransactionAmount } = await alertSettingsOf(q, orgId);
+    if (largeTransactionAmount === null) continue;
+    for (const payment of payments) {
+      if (payment.org_id !== orgId || payment.amount <= largeTransactionAmount) continue;
+      await raiseAlert(q, nowMs, orgId, payment.wallet_id!, 'large_transaction',
+        `Payment of ${formatUsdc(payment.amount)} USDC above the ${formatUsdc(largeTransactionAmount)} USDC alert threshold`,
+        { tx_id: payment.id, amount: formatUsdc(payment.amount), threshold: formatUsdc(largeTransactionAmount) });
+    }
+  }
 }
 
 /** The `alerts.scan` job: inactivity and velocity spikes, once per episode. */

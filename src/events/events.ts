@@ -54,13 +54,21 @@ export interface EventRecord {
 }
 
 export async function recordEvent(tx: Queryable, nowMs: number, event: NewEvent): Promise<EventRecord> {
-  const id = newId('evt', nowMs);
+  return (await recordEvents(tx, nowMs, [event]))[0]!;
+}
+
+/** Writes several events in one statement. */
+export async function recordEvents(tx: Queryable, nowMs: number, events: readonly NewEvent[]): Promise<EventRecord[]> {
+  if (events.length === 0) return [];
   const createdAt = new Date(nowMs);
+  const records = events.map((event) => ({ id: newId('evt', nowMs), type: event.type, createdAt }));
   await tx.query(
     `INSERT INTO events (id, org_id, type, wallet_id, severity, summary, payload, created_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-    [id, event.orgId, event.type, event.walletId ?? null, severityOf(event.type, event.payload), event.summary,
-      JSON.stringify(event.payload), createdAt],
+     SELECT r.*, $7::timestamptz FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $8::jsonb[])
+       AS r(id, org_id, type, wallet_id, severity, summary, payload)`,
+    [records.map((r) => r.id), events.map((e) => e.orgId), events.map((e) => e.type), events.map((e) => e.walletId ?? null),
+      events.map((e) => severityOf(e.type, e.payload)), events.map((e) => e.summary), createdAt,
+      events.map((e) => JSON.stringify(e.payload))],
   );
-  return { id, type: event.type, createdAt };
+  return records;
 }

@@ -156,7 +156,7 @@ describe('payments', () => {
     const freesAt = Date.parse(spending.body.spending.day.frees_at);
     const now = Date.parse((await t.request('GET', '/v1/test_helpers/clock')).body.now);
     await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: Math.ceil((freesAt - now) / 1000) + 1 } });
-    assert.equal((await pay('1')).status, 200, 'the day budget is back');
+    const back = await pay('1'); assert.equal(back.status, 200, 'the day budget is back ' + JSON.stringify(back.body));
   });
 
   test('allowed recipients and blocked categories through the recipient directory', async () => {

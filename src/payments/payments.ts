@@ -14,23 +14,26 @@
 import { createHash } from 'node:crypto';
 import type { Instruction } from '@solana/kit';
 import { address } from '@solana/kit';
-import { alertLargeTransaction, alertPolicyViolation } from '../automation/automation.ts';
+import { alertLargeTransactions, alertPolicyViolation } from '../automation/automation.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
-import type { Queryable } from '../db/database.ts';
+import type { Database, Queryable } from '../db/database.ts';
+import { GroupCommit, type BatchOutcome } from '../db/group-commit.ts';
 import { ServiceError } from '../errors/errors.ts';
-import { recordEvent } from '../events/events.ts';
+import { recordEvent, recordEvents, type NewEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { canonicalJson, type RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
-import { findPolicy, rulesOf } from '../policies/policies.ts';
+import { findPolicies, findPolicy, policyKey, rulesOf } from '../policies/policies.ts';
 import { resolveRecipient, type ResolvedRecipient } from '../recipients/recipients.ts';
 import {
-  awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
+  awaitSettlement, insertTransaction, insertTransactions, registerSettlementRule, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
-import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
+import { archivedError, assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
 import { evaluate, type Violation } from './policy-engine.ts';
-import { saveSpendWindows, spendStateOf, spendWindowsAt, withSpend, withdrawSpend } from './spend-state.ts';
+import {
+  saveSpendWindows, saveSpendWindowsOf, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
+} from './spend-state.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 
@@ -124,15 +127,15 @@ async function writeBlockedEvent(
 }
 
 /** `transaction.pending`: the payment is debited and about to be submitted (SPEC: submitted, not yet confirmed). */
-async function writePendingEvent(tx: Queryable, nowMs: number, row: TransactionRow): Promise<void> {
-  await recordEvent(tx, nowMs, {
+function pendingEventOf(row: TransactionRow): NewEvent {
+  return {
     orgId: row.org_id, type: 'transaction.pending', walletId: row.wallet_id,
     summary: `Payment of ${formatUsdc(row.amount)} USDC to ${row.recipient} submitted`,
     payload: {
       wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), recipient: row.recipient,
       tx_signature: row.tx_signature,
     },
-  });
+  };
 }
 
 /** Counts the spend, debits the balance and marks the row sent-to-be; the wallet row is locked. */
@@ -163,15 +166,19 @@ const SIGN_ATTEMPTS_MAX = 5;
 
 /**
  * Makes a payment. Returns the recorded row (pending, confirmed, failed, or blocked with its
- * violation); throws ServiceError for refusals that record nothing.
+ * violation); throws ServiceError for refusals that record nothing. `wallet`, when the caller
+ * has just read it, saves reading it again before signing (the decision reads it under lock).
  */
 export async function pay(
-  ctx: Ctx, orgId: string, input: PaymentInput, options: { wait: boolean; mark?: RecordMarker },
+  ctx: Ctx, orgId: string, input: PaymentInput, options: { wait: boolean; mark?: RecordMarker; wallet?: WalletRow },
 ): Promise<PaymentOutcome> {
   const recipient = await resolveRecipient(ctx.db, orgId, input.to, input.category);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
-    const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, input.walletId]);
-    if (!unlocked) throw walletNotFound(input.walletId);
+    let unlocked = attempt === 0 ? options.wallet : undefined;
+    if (!unlocked) {
+      [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, input.walletId]);
+      if (!unlocked) throw walletNotFound(input.walletId);
+    }
     assertNotArchived(unlocked);
     const signedAtMs = ctx.clock.nowMs();
     const txId = newId('tx', signedAtMs);
@@ -180,70 +187,169 @@ export async function pay(
       category: recipient.category, atMs: signedAtMs,
     });
     const prepared = await ctx.chain.prepare(await payInstructions(ctx, unlocked, txId, recipient.address, input.amount, attestation));
-
-    const decided = await ctx.db.transaction(async (tx) => {
-      const nowMs = ctx.clock.nowMs();
-      const wallet = await lockWallet(tx, orgId, input.walletId);
-      assertNotArchived(wallet);
-      if (wallet.status === 'frozen') throw frozenError(wallet);
-      if (wallet.policy_id !== unlocked.policy_id) return null; // signed for another policy account: sign again
-      const rules = await rulesFor(tx, wallet);
-      const windows = await spendWindowsAt(tx, wallet.id, nowMs);
-      const decision = evaluate(rules, spendStateOf(windows), {
-        amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
-      });
-      if (!decision.allowed) {
-        const blocked = await recordBlocked(tx, nowMs, wallet, input, recipient, attestation, decision.violation, txId);
-        await options.mark?.(tx, txId);
-        return { kind: 'blocked' as const, row: blocked, violation: decision.violation };
-      }
-      if (wallet.balance < input.amount) throw insufficientBalance(wallet, input.amount);
-      const awaiting = decision.requiresApproval;
-      const approval = awaiting
-        ? { required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString() }
-        : null;
-      const row = await insertTransaction(tx, nowMs, {
-        id: txId, orgId, walletId: wallet.id, type: 'payment', amount: input.amount, recipient: input.to,
-        policyId: wallet.policy_id, memo: input.memo, attestationHash: attestation,
-        signature: awaiting ? null : prepared.signature,
-        lastValidBlockHeight: awaiting ? null : prepared.lastValidBlockHeight,
-        recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
-        approval, approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
-      });
-      if (!awaiting) {
-        await commitSpend(tx, nowMs, wallet, row.amount, windows);
-        await writePendingEvent(tx, nowMs, row);
-      }
-      await options.mark?.(tx, txId);
-      return { kind: 'recorded' as const, row, awaiting };
+    const decided = await recorderOf(ctx).submit({
+      orgId, input, recipient, signedForPolicy: unlocked.policy_id, txId, attestation, prepared, mark: options.mark,
     });
-    if (decided === null) continue;
+    if (decided.kind === 'resign') continue; // signed for another policy account: sign again
     if (decided.kind === 'blocked') return { row: decided.row, violation: decided.violation };
-    if (decided.awaiting) return { row: await reload(ctx.db, decided.row.id), violation: null };
-    return { row: await send(ctx, prepared, decided.row.id, options.wait), violation: null };
+    if (decided.awaiting) return { row: decided.row, violation: null };
+    return { row: await send(ctx, prepared, decided.row, options.wait), violation: null };
   }
   throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
 }
 
-async function reload(q: Queryable, txId: string): Promise<TransactionRow> {
-  const [row] = await q.query<TransactionRow>('SELECT * FROM transactions WHERE id = $1', [txId]);
-  return row!;
+/** A signed payment on its way to being decided and recorded. */
+interface PaymentToRecord {
+  orgId: string;
+  input: PaymentInput;
+  recipient: ResolvedRecipient;
+  /** the policy the pay instruction was signed for (its account is one of the instruction's) */
+  signedForPolicy: string;
+  txId: string;
+  attestation: string;
+  prepared: PreparedTransaction;
+  mark: RecordMarker | undefined;
 }
 
-async function send(ctx: Ctx, prepared: PreparedTransaction, txId: string, wait: boolean): Promise<TransactionRow> {
+type Decided =
+  | { kind: 'blocked'; row: TransactionRow; violation: Violation }
+  | { kind: 'recorded'; row: TransactionRow; awaiting: boolean }
+  | { kind: 'resign' };
+
+/** Payments of one process are decided and recorded in batches (src/db/group-commit.ts). */
+const recorders = new WeakMap<Database, GroupCommit<PaymentToRecord, Decided>>();
+const RECORD_BATCH_MAX = 128;
+const RECORD_CONCURRENCY = 2;
+
+function recorderOf(ctx: Ctx): GroupCommit<PaymentToRecord, Decided> {
+  let recorder = recorders.get(ctx.db);
+  if (!recorder) {
+    recorder = new GroupCommit((items) => recordPayments(ctx, items), { maxBatch: RECORD_BATCH_MAX, concurrency: RECORD_CONCURRENCY });
+    recorders.set(ctx.db, recorder);
+  }
+  return recorder;
+}
+
+/**
+ * Decides and records a batch of payments in one database transaction, in their order: the
+ * vaults' rows are locked (by id, the lock order everywhere), each payment is checked against
+ * its vault as the payments before it left it — frozen, the policy against the spend windows
+ * at this instant, the balance — and then every accepted one is recorded `pending`, debited and
+ * counted, with its `transaction.pending`, in a few statements for the whole batch. A refusal
+ * is that payment's answer only; a blocked one is recorded with its violation.
+ */
+async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
+  return ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const walletIds = [...new Set(items.map((item) => item.input.walletId))].sort();
+    const wallets = new Map((await tx.query<WalletRow>(
+      'SELECT * FROM wallets WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE', [walletIds])).map((w) => [w.id, w]));
+    const policyKeys = new Map([...wallets.values()].map((w) => [policyKey(w.org_id, w.policy_id), { orgId: w.org_id, policyId: w.policy_id }]));
+    const policies = await findPolicies(tx, [...policyKeys.values()]);
+    const windows = await spendWindowsOf(tx, [...wallets.keys()], nowMs);
+
+    const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
+    const inserts: NewTransaction[] = [];
+    const spent = new Map<string, { amount: bigint; lastBlocked: boolean }>();
+    const counted = new Map<string, SpendWindows>();
+    for (const item of items) {
+      const { input, recipient } = item;
+      const wallet = wallets.get(input.walletId);
+      const refusal = !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
+        : wallet.status === 'archived' ? archivedError(wallet)
+          : wallet.status === 'frozen' ? frozenError(wallet) : null;
+      if (refusal || !wallet) {
+        outcomes.push({ ok: false, error: refusal });
+        continue;
+      }
+      if (wallet.policy_id !== item.signedForPolicy) {
+        outcomes.push({ ok: true, value: { kind: 'resign' } });
+        continue;
+      }
+      const policy = policies.get(policyKey(wallet.org_id, wallet.policy_id));
+      if (!policy) throw new Error(`wallet ${wallet.id} has no policy ${wallet.policy_id}`);
+      const current = counted.get(wallet.id) ?? windows.get(wallet.id)!;
+      const decision = evaluate(rulesOf(policy), spendStateOf(current), {
+        amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
+      });
+      if (!decision.allowed) {
+        const row = await recordBlocked(tx, nowMs, wallet, input, recipient, item.attestation, decision.violation, item.txId);
+        const total = spent.get(wallet.id);
+        if (total) total.lastBlocked = true;
+        await item.mark?.(tx, item.txId);
+        outcomes.push({ ok: true, value: { kind: 'blocked', row, violation: decision.violation } });
+        continue;
+      }
+      if (wallet.balance < input.amount) {
+        outcomes.push({ ok: false, error: insufficientBalance(wallet, input.amount) });
+        continue;
+      }
+      const awaiting = decision.requiresApproval;
+      inserts.push({
+        id: item.txId, orgId: wallet.org_id, walletId: wallet.id, type: 'payment', amount: input.amount, recipient: input.to,
+        policyId: wallet.policy_id, memo: input.memo, attestationHash: item.attestation,
+        signature: awaiting ? null : item.prepared.signature,
+        lastValidBlockHeight: awaiting ? null : item.prepared.lastValidBlockHeight,
+        recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
+        approval: awaiting ? { required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString() } : null,
+        approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
+      });
+      if (!awaiting) {
+        // The next payment of this vault in the batch sees this one spent.
+        wallet.balance -= input.amount;
+        counted.set(wallet.id, withSpend(current, { atMs: nowMs, amount: input.amount }));
+        const total = spent.get(wallet.id);
+        spent.set(wallet.id, { amount: (total?.amount ?? 0n) + input.amount, lastBlocked: false });
+      }
+      await item.mark?.(tx, item.txId);
+      outcomes.push({ recorded: inserts.length - 1, awaiting });
+    }
+
+    const rows = await insertTransactions(tx, nowMs, inserts);
+    await saveSpendWindowsOf(tx, counted);
+    await debitWallets(tx, nowMs, spent);
+    await recordEvents(tx, nowMs, rows.filter((row) => row.tx_signature !== null).map(pendingEventOf));
+    return outcomes.map((outcome) => ('recorded' in outcome
+      ? { ok: true as const, value: { kind: 'recorded' as const, row: rows[outcome.recorded]!, awaiting: outcome.awaiting } }
+      : outcome));
+  });
+}
+
+/**
+ * Debits each vault by what it spent in the batch; a vault whose last payment went through is
+ * no longer in violation (one whose last was blocked stays so).
+ */
+async function debitWallets(tx: Queryable, nowMs: number, spent: ReadonlyMap<string, { amount: bigint; lastBlocked: boolean }>): Promise<void> {
+  if (spent.size === 0) return;
+  const all = [...spent];
+  await tx.query(
+    `UPDATE wallets w SET balance = w.balance - d.amount, last_transaction_at = $4,
+       policy_violation_at = CASE WHEN d.last_blocked THEN w.policy_violation_at ELSE NULL END
+     FROM unnest($1::text[], $2::bigint[], $3::boolean[]) AS d(id, amount, last_blocked) WHERE w.id = d.id`,
+    [all.map(([id]) => id), all.map(([, s]) => String(s.amount)), all.map(([, s]) => s.lastBlocked), new Date(nowMs)]);
+}
+
+/** Sends a recorded payment; with `wait`, answers it as the chain settled it. */
+async function send(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow, wait: boolean): Promise<TransactionRow> {
   try {
     await ctx.chain.submit(prepared);
   } catch (error) {
     // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a payment failed');
   }
-  if (wait) await awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
-  else {
-    // Settled in the background; the reconciler covers a process that stops before.
-    void awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS).catch((error) =>
-      ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  if (wait) {
+    await awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
+    return reload(ctx.db, recorded.id);
   }
-  return reload(ctx.db, txId);
+  // Settled in the background; the reconciler covers a process that stops before.
+  void awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS).catch((error) =>
+    ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  return recorded;
+}
+
+async function reload(q: Queryable, txId: string): Promise<TransactionRow> {
+  const [row] = await q.query<TransactionRow>('SELECT * FROM transactions WHERE id = $1', [txId]);
+  return row!;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,7 +414,7 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
         [txId, prepared.signature, prepared.lastValidBlockHeight,
           JSON.stringify({ status: 'approved', decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs), nowMs]);
       await commitSpend(tx, nowMs, wallet, row.amount, windows);
-      await writePendingEvent(tx, nowMs, { ...row, tx_signature: prepared.signature });
+      await recordEvent(tx, nowMs, pendingEventOf({ ...row, tx_signature: prepared.signature }));
       return { approved: true };
     });
     if (decided === null) continue;
@@ -318,7 +424,7 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       throw new ServiceError('invalid_request', `Payment ${txId} waited for its co-signature past its expiry; it is blocked.`, { param: 'tx_id' });
     }
     if ('blocked' in decided) return { row: decided.blocked, violation: decided.violation };
-    return { row: await send(ctx, prepared, txId, options.wait), violation: null };
+    return { row: await send(ctx, prepared, await reload(ctx.db, txId), options.wait), violation: null };
   }
   throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
 }
@@ -371,18 +477,27 @@ export async function expireApprovals(ctx: Ctx): Promise<number> {
 // ---------------------------------------------------------------------------------------------
 // Settlement of payments
 
+/** `transaction.completed` of a confirmed payment. */
+function completedEventOf(row: TransactionRow): NewEvent {
+  return {
+    orgId: row.org_id, type: 'transaction.completed', walletId: row.wallet_id,
+    summary: `Paid ${formatUsdc(row.amount)} USDC to ${row.recipient}`,
+    payload: {
+      wallet_id: row.wallet_id, tx_id: row.id, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
+      recipient: row.recipient, policy_triggered: row.policy_triggered, on_chain_slot: Number(row.on_chain_slot),
+    },
+  };
+}
+
 registerSettlementRule('payment', {
   // The vault's row is not touched: its balance and last_transaction_at moved when the payment was recorded.
   async confirmed(tx, nowMs, row) {
-    await recordEvent(tx, nowMs, {
-      orgId: row.org_id, type: 'transaction.completed', walletId: row.wallet_id,
-      summary: `Paid ${formatUsdc(row.amount)} USDC to ${row.recipient}`,
-      payload: {
-        wallet_id: row.wallet_id, tx_id: row.id, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
-        recipient: row.recipient, policy_triggered: row.policy_triggered, on_chain_slot: Number(row.on_chain_slot),
-      },
-    });
-    await alertLargeTransaction(tx, nowMs, row.org_id, row.wallet_id!, row.id, row.amount);
+    await recordEvent(tx, nowMs, completedEventOf(row));
+    await alertLargeTransactions(tx, nowMs, [row]);
+  },
+  async confirmedAll(tx, nowMs, rows) {
+    await recordEvents(tx, nowMs, rows.map(completedEventOf));
+    await alertLargeTransactions(tx, nowMs, rows);
   },
   async failed(tx, nowMs, row) {
     // The amount comes back and the spend stops counting: a payment that never happened.

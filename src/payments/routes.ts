@@ -92,14 +92,14 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const amount = parseAmount(body.amount);
     // Who may pay from this vault is checked on every request; whether it can pay (archived,
     // frozen) is the payment's answer, so a replay after an archive still returns the original.
-    await authorizeVault(principal, walletId, headers['session-token']);
+    const wallet = await authorizeVault(principal, walletId, headers['session-token']);
     const input = { walletId, to: body.to.trim(), amount, memo: body.memo ?? null, category: body.category ?? null };
     return runIdempotent(ctx.db, {
       orgId: principal.orgId, key: idempotencyKeyOf(headers['idempotency-key'], body.idempotencyKey),
       operation: 'payments.create', params: { ...input, currency: body.currency }, nowMs: ctx.clock.nowMs(),
       // After a crash: the payment as it stands now (the reconciler settles it meanwhile).
       recover: async (txId) => answer(outcomeOf(await getTransaction(ctx.db, principal.orgId, txId))),
-    }, async (mark) => answer(await pay(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark })));
+    }, async (mark) => answer(await pay(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark, wallet })));
   };
 
   app.post('/v1/payments', {

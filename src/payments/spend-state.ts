@@ -28,26 +28,59 @@ interface SpendWindowsRow {
   month_sum: bigint;
 }
 
-async function leavingSpends(q: Queryable, walletId: string, state: WindowState, atMs: number, windowMs: number): Promise<Spend[]> {
-  const range = leavingRange(state, atMs, windowMs);
-  if (!range) return [];
-  const rows = await q.query<{ spend_at_ms: bigint; amount: bigint }>(
-    `SELECT spend_at_ms, amount FROM transactions
-     WHERE wallet_id = $1 AND spend_at_ms > $2 AND spend_at_ms <= $3`,
-    [walletId, range.afterMs, range.throughMs]);
-  return rows.map((row) => ({ atMs: Number(row.spend_at_ms), amount: row.amount }));
+interface LeavingRange { walletId: string; afterMs: number; throughMs: number }
+
+/** The spends of each range, by the range's index (one query for all of them). */
+async function leavingSpends(q: Queryable, ranges: readonly LeavingRange[]): Promise<Spend[][]> {
+  const leaving: Spend[][] = ranges.map(() => []);
+  if (ranges.length === 0) return leaving;
+  const rows = await q.query<{ range: bigint; spend_at_ms: bigint; amount: bigint }>(
+    `SELECT r.range, t.spend_at_ms, t.amount
+     FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS r(wallet_id, after_ms, through_ms, range)
+     JOIN transactions t ON t.wallet_id = r.wallet_id AND t.spend_at_ms > r.after_ms AND t.spend_at_ms <= r.through_ms`,
+    [ranges.map((r) => r.walletId), ranges.map((r) => String(r.afterMs)), ranges.map((r) => String(r.throughMs))]);
+  for (const row of rows) leaving[Number(row.range) - 1]!.push({ atMs: Number(row.spend_at_ms), amount: row.amount });
+  return leaving;
 }
 
-/** The windows as they stand at `atMs` (moved forward; nothing written). */
-export async function spendWindowsAt(q: Queryable, walletId: string, atMs: number): Promise<SpendWindows> {
-  const [row] = await q.query<SpendWindowsRow>('SELECT * FROM spend_windows WHERE wallet_id = $1', [walletId]);
-  let day: WindowState = { sum: row?.day_sum ?? 0n, count: row?.day_count ?? 0, removedThroughMs: Number(row?.day_removed_through_ms ?? 0n) };
-  let hour: WindowState = { sum: row?.hour_sum ?? 0n, count: row?.hour_count ?? 0, removedThroughMs: Number(row?.hour_removed_through_ms ?? 0n) };
-  day = slideWindow(day, atMs, DAY_MS, await leavingSpends(q, walletId, day, atMs, DAY_MS));
-  hour = slideWindow(hour, atMs, HOUR_MS, await leavingSpends(q, walletId, hour, atMs, HOUR_MS));
+/**
+ * The windows of several vaults as they stand at `atMs` (moved forward; nothing written): one
+ * read of their rows and one of the spends leaving them, whatever the number of vaults.
+ */
+export async function spendWindowsOf(q: Queryable, walletIds: readonly string[], atMs: number): Promise<Map<string, SpendWindows>> {
+  const rows = await q.query<SpendWindowsRow & { wallet_id: string }>(
+    'SELECT * FROM spend_windows WHERE wallet_id = ANY($1::text[])', [walletIds]);
+  const stored = new Map(rows.map((row) => [row.wallet_id, row]));
   const key = monthKey(atMs);
-  const month = row && row.month_key === key ? { key, sum: row.month_sum } : { key, sum: 0n };
-  return { day, hour, month };
+  const windows = new Map<string, SpendWindows>();
+  const ranges: Array<LeavingRange & { window: 'day' | 'hour' }> = [];
+  for (const walletId of new Set(walletIds)) {
+    const row = stored.get(walletId);
+    const day: WindowState = { sum: row?.day_sum ?? 0n, count: row?.day_count ?? 0, removedThroughMs: Number(row?.day_removed_through_ms ?? 0n) };
+    const hour: WindowState = { sum: row?.hour_sum ?? 0n, count: row?.hour_count ?? 0, removedThroughMs: Number(row?.hour_removed_through_ms ?? 0n) };
+    const month = row && row.month_key === key ? { key, sum: row.month_sum } : { key, sum: 0n };
+    windows.set(walletId, { day, hour, month });
+    for (const [window, state, windowMs] of [['day', day, DAY_MS], ['hour', hour, HOUR_MS]] as const) {
+      const range = leavingRange(state, atMs, windowMs);
+      if (range && state.count > 0) ranges.push({ walletId, window, ...range });
+    }
+  }
+  const leaving = await leavingSpends(q, ranges);
+  const byRange = new Map(ranges.map((r, i) => [`${r.walletId}/${r.window}`, leaving[i]!]));
+  const leavingOf = (walletId: string, window: 'day' | 'hour'): Spend[] => byRange.get(`${walletId}/${window}`) ?? [];
+  for (const [walletId, w] of windows) {
+    windows.set(walletId, {
+      day: slideWindow(w.day, atMs, DAY_MS, leavingOf(walletId, 'day')),
+      hour: slideWindow(w.hour, atMs, HOUR_MS, leavingOf(walletId, 'hour')),
+      month: w.month,
+    });
+  }
+  return windows;
+}
+
+/** One vault's windows as they stand at `atMs` (moved forward; nothing written). */
+export async function spendWindowsAt(q: Queryable, walletId: string, atMs: number): Promise<SpendWindows> {
+  return (await spendWindowsOf(q, [walletId], atMs)).get(walletId)!;
 }
 
 export function spendStateOf(windows: SpendWindows): SpendState {
@@ -59,14 +92,24 @@ export function withSpend(windows: SpendWindows, spend: Spend): SpendWindows {
 }
 
 export async function saveSpendWindows(tx: Queryable, walletId: string, w: SpendWindows): Promise<void> {
+  await saveSpendWindowsOf(tx, new Map([[walletId, w]]));
+}
+
+/** Writes the windows of several vaults in one statement. */
+export async function saveSpendWindowsOf(tx: Queryable, windows: ReadonlyMap<string, SpendWindows>): Promise<void> {
+  if (windows.size === 0) return;
+  const all = [...windows];
+  const column = (pick: (w: SpendWindows) => bigint | number | string) => all.map(([, w]) => String(pick(w)));
   await tx.query(
     `INSERT INTO spend_windows (wallet_id, day_sum, day_count, day_removed_through_ms, hour_sum, hour_count,
        hour_removed_through_ms, month_key, month_sum)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-     ON CONFLICT (wallet_id) DO UPDATE SET day_sum = $2, day_count = $3, day_removed_through_ms = $4, hour_sum = $5,
-       hour_count = $6, hour_removed_through_ms = $7, month_key = $8, month_sum = $9`,
-    [walletId, w.day.sum, w.day.count, w.day.removedThroughMs, w.hour.sum, w.hour.count, w.hour.removedThroughMs,
-      w.month.key, w.month.sum]);
+     SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::text[], $9::bigint[])
+     ON CONFLICT (wallet_id) DO UPDATE SET day_sum = excluded.day_sum, day_count = excluded.day_count,
+       day_removed_through_ms = excluded.day_removed_through_ms, hour_sum = excluded.hour_sum, hour_count = excluded.hour_count,
+       hour_removed_through_ms = excluded.hour_removed_through_ms, month_key = excluded.month_key, month_sum = excluded.month_sum`,
+    [all.map(([walletId]) => walletId), column((w) => w.day.sum), column((w) => w.day.count), column((w) => w.day.removedThroughMs),
+      column((w) => w.hour.sum), column((w) => w.hour.count), column((w) => w.hour.removedThroughMs),
+      column((w) => w.month.key), column((w) => w.month.sum)]);
 }
 
 /**

@@ -82,6 +82,18 @@ export async function findPolicy(
   return rows[0] ?? null;
 }
 
+/** Several policies at once, keyed `org_id/id`; deleted ones are left out. */
+export async function findPolicies(
+  q: Queryable, keys: ReadonlyArray<{ orgId: string; policyId: string }>,
+): Promise<Map<string, PolicyRow>> {
+  const rows = await q.query<PolicyRow>(
+    `SELECT ${COLUMNS} FROM policies p JOIN unnest($1::text[], $2::text[]) AS k(org_id, id) ON p.org_id = k.org_id AND p.id = k.id
+     WHERE p.deleted_at IS NULL`, [keys.map((k) => k.orgId), keys.map((k) => k.policyId)]);
+  return new Map(rows.map((row) => [policyKey(row.org_id, row.id), row]));
+}
+
+export const policyKey = (orgId: string, policyId: string): string => `${orgId}/${policyId}`;
+
 export function policyNotFound(policyId: string): ServiceError {
   return new ServiceError('policy_not_found', `No policy ${policyId} in your organisation.`, { param: 'policy_id' });
 }

@@ -13,6 +13,7 @@
 import type { Signature } from '@solana/kit';
 import type { TransactionOutcome } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
+import { GroupCommit } from '../db/group-commit.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { newId } from '../ids/ids.ts';
@@ -81,24 +82,43 @@ export interface NewTransaction {
 }
 
 export async function insertTransaction(tx: Queryable, nowMs: number, t: NewTransaction): Promise<TransactionRow> {
-  const now = new Date(nowMs);
+  return (await insertTransactions(tx, nowMs, [t]))[0]!;
+}
+
+const json = (value: unknown): string | null => (value === undefined || value === null ? null : JSON.stringify(value));
+const text = (value: bigint | number | null | undefined): string | null => (value === undefined || value === null ? null : String(value));
+
+/** Records several transactions in one statement; answers their rows in the order given. */
+export async function insertTransactions(tx: Queryable, nowMs: number, list: readonly NewTransaction[]): Promise<TransactionRow[]> {
+  if (list.length === 0) return [];
+  const now = new Date(nowMs).toISOString();
+  const ids = list.map((t) => t.id ?? newId('tx', nowMs));
+  const column = <T>(pick: (t: NewTransaction) => T) => list.map(pick);
   const rows = await tx.query<TransactionRow>(
     `INSERT INTO transactions (id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
-       tx_signature, last_valid_block_height, batch_id, escrow_id, created_at, updated_at,
-       recipient_address, category, policy_triggered, approval, approval_expires_at, spend_at_ms, violation)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15, $16, $17, $18, $19, $20, $21, $22) RETURNING *`,
-    [t.id ?? newId('tx', nowMs), t.orgId, t.walletId, t.type, t.status ?? 'pending', t.amount, t.recipient, t.policyId ?? null,
-      t.memo ?? null, t.attestationHash ?? null, t.signature, t.lastValidBlockHeight, t.batchId ?? null, t.escrowId ?? null, now,
-      t.recipientAddress ?? null, t.category ?? null, t.policyTriggered ?? false,
-      t.approval === undefined || t.approval === null ? null : JSON.stringify(t.approval), t.approvalExpiresAt ?? null, t.spendAtMs ?? null,
-      t.violation === undefined || t.violation === null ? null : JSON.stringify(t.violation)]);
-  return rows[0]!;
+       tx_signature, last_valid_block_height, batch_id, escrow_id, recipient_address, category, policy_triggered, approval,
+       approval_expires_at, spend_at_ms, violation, created_at, updated_at)
+     SELECT r.*, $22::timestamptz, $22::timestamptz FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
+       $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[],
+       $15::text[], $16::text[], $17::boolean[], $18::jsonb[], $19::timestamptz[], $20::bigint[], $21::jsonb[]) AS r
+     RETURNING *`,
+    [ids, column((t) => t.orgId), column((t) => t.walletId), column((t) => t.type), column((t) => t.status ?? 'pending'),
+      column((t) => String(t.amount)), column((t) => t.recipient), column((t) => t.policyId ?? null), column((t) => t.memo ?? null),
+      column((t) => t.attestationHash ?? null), column((t) => t.signature), column((t) => text(t.lastValidBlockHeight)),
+      column((t) => t.batchId ?? null), column((t) => t.escrowId ?? null), column((t) => t.recipientAddress ?? null),
+      column((t) => t.category ?? null), column((t) => t.policyTriggered ?? false), column((t) => json(t.approval)),
+      column((t) => t.approvalExpiresAt?.toISOString() ?? null), column((t) => text(t.spendAtMs)), column((t) => json(t.violation)),
+      now]);
+  const byId = new Map(rows.map((row) => [row.id, row]));
+  return ids.map((id) => byId.get(id)!);
 }
 
 /** What a settled transaction does to balances and which event it writes. */
 interface SettlementRule {
   confirmed(tx: Queryable, nowMs: number, row: TransactionRow): Promise<void>;
   failed(tx: Queryable, nowMs: number, row: TransactionRow): Promise<void>;
+  /** the same as `confirmed` for each row, for several rows at once (a type settled in bulk) */
+  confirmedAll?(tx: Queryable, nowMs: number, rows: TransactionRow[]): Promise<void>;
 }
 
 async function creditWallet(tx: Queryable, nowMs: number, walletId: string, amount: bigint): Promise<bigint> {
@@ -165,23 +185,55 @@ export function registerSettlementRule(type: TransactionType, rule: SettlementRu
  * both try. Returns the rows this call settled.
  */
 export async function settleSignature(
-  db: Database, nowMs: number, signature: string, outcome: { slot: bigint | null; err: { name: string } | null },
+  db: Database, nowMs: number, signature: string, outcome: ChainOutcome,
 ): Promise<TransactionRow[]> {
+  return (await settleSignatures(db, nowMs, [{ signature, outcome }]))[0]!;
+}
+
+type ChainOutcome = { slot: bigint | null; err: { name: string } | null };
+
+/**
+ * Settles several signatures in one database transaction: one statement marks every row, and
+ * the rules run per row — or once for all rows of a type that settles in bulk. Answers the rows
+ * each signature settled, in order.
+ */
+export async function settleSignatures(
+  db: Database, nowMs: number, settled: ReadonlyArray<{ signature: string; outcome: ChainOutcome }>,
+): Promise<TransactionRow[][]> {
+  const unique = [...new Map(settled.map((s) => [s.signature, s.outcome]))];
   return db.transaction(async (tx) => {
-    const status: TransactionStatus = outcome.err ? 'failed' : 'confirmed';
+    const now = new Date(nowMs);
     const rows = await tx.query<TransactionRow>(
-      `UPDATE transactions SET status = $2, on_chain_slot = $3, failure_reason = $4, settled_at = $5, updated_at = $5
-       WHERE tx_signature = $1 AND status = 'pending' RETURNING *`,
-      [signature, status, outcome.slot, outcome.err?.name ?? null, new Date(nowMs)]);
-    // Rows sharing a signature are of one type (a batch of fundings): wallets in id order.
+      `UPDATE transactions t SET status = s.status, on_chain_slot = s.slot, failure_reason = s.reason, settled_at = $5, updated_at = $5
+       FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS s(signature, status, slot, reason)
+       WHERE t.tx_signature = s.signature AND t.status = 'pending' RETURNING t.*`,
+      [unique.map(([signature]) => signature), unique.map(([, o]) => (o.err ? 'failed' : 'confirmed')),
+        unique.map(([, o]) => text(o.slot)), unique.map(([, o]) => o.err?.name ?? null), now]);
+    // Wallets are locked in id order, as everywhere.
     rows.sort((a, b) => (a.wallet_id ?? '').localeCompare(b.wallet_id ?? ''));
+    const inBulk = new Map<TransactionType, TransactionRow[]>();
     for (const row of rows) {
       const rule = RULES[row.type];
       if (!rule) throw new Error(`no settlement rule for ${row.type}`);
-      await rule[status](tx, nowMs, row);
+      if (row.status === 'confirmed' && rule.confirmedAll) inBulk.set(row.type, [...(inBulk.get(row.type) ?? []), row]);
+      else await rule[row.status as 'confirmed' | 'failed'](tx, nowMs, row);
     }
-    return rows;
+    for (const [type, list] of inBulk) await RULES[type]!.confirmedAll!(tx, nowMs, list);
+    return settled.map(({ signature }) => rows.filter((row) => row.tx_signature === signature));
   });
+}
+
+/** Settlements of one process are written in batches (src/db/group-commit.ts). */
+const settlers = new WeakMap<Database, GroupCommit<{ signature: string; outcome: ChainOutcome }, TransactionRow[]>>();
+
+function settlerOf(ctx: Pick<AppContext, 'db' | 'clock'>): GroupCommit<{ signature: string; outcome: ChainOutcome }, TransactionRow[]> {
+  let settler = settlers.get(ctx.db);
+  if (!settler) {
+    settler = new GroupCommit(async (items) => (await settleSignatures(ctx.db, ctx.clock.nowMs(), items))
+      .map((value) => ({ ok: true as const, value })), { maxBatch: 256, concurrency: 1 });
+    settlers.set(ctx.db, settler);
+  }
+  return settler;
 }
 
 /** Waits for the chain's outcome and settles; null when it did not come in time (the reconciler will). */
@@ -194,7 +246,7 @@ export async function awaitSettlement(
   } catch {
     return null;
   }
-  await settleSignature(ctx.db, ctx.clock.nowMs(), signature, outcome);
+  await settlerOf(ctx).submit({ signature, outcome });
   return outcome;
 }
 

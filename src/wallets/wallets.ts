@@ -193,9 +193,11 @@ export async function lockWallet(tx: Queryable, orgId: string, walletId: string)
 }
 
 export function assertNotArchived(wallet: Pick<WalletRow, 'id' | 'status'>): void {
-  if (wallet.status === 'archived') {
-    throw new ServiceError('wallet_archived', `Wallet ${wallet.id} is archived: it only answers reads.`, { wallet_id: wallet.id });
-  }
+  if (wallet.status === 'archived') throw archivedError(wallet);
+}
+
+export function archivedError(wallet: Pick<WalletRow, 'id'>): ServiceError {
+  return new ServiceError('wallet_archived', `Wallet ${wallet.id} is archived: it only answers reads.`, { wallet_id: wallet.id });
 }
 
 /**

@@ -1,0 +1,68 @@
+/**
+ * Group commit: work that arrives while earlier work is being written waits, and is written
+ * together in the next batch — one database transaction and a fixed handful of statements for
+ * many requests, instead of a transaction and a dozen statements each. An idle queue writes the
+ * first item at once, so a lone request never waits for company.
+ */
+
+/** What one item of a batch came to: its result, or the error its caller gets. */
+export type BatchOutcome<Result> = { ok: true; value: Result } | { ok: false; error: unknown };
+
+interface Waiting<Item, Result> {
+  item: Item;
+  resolve(value: Result): void;
+  reject(error: unknown): void;
+}
+
+export class GroupCommit<Item, Result> {
+  readonly #write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>;
+  readonly #maxBatch: number;
+  readonly #concurrency: number;
+  #queue: Array<Waiting<Item, Result>> = [];
+  #running = 0;
+
+  /**
+   * `write` answers one outcome per item, in order; when it throws, every item of its batch
+   * gets that error. At most `concurrency` batches are written at once, each of at most
+   * `maxBatch` items.
+   */
+  constructor(write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>, options: { maxBatch: number; concurrency: number }) {
+    this.#write = write;
+    this.#maxBatch = options.maxBatch;
+    this.#concurrency = options.concurrency;
+  }
+
+  submit(item: Item): Promise<Result> {
+    return new Promise<Result>((resolve, reject) => {
+      this.#queue.push({ item, resolve, reject });
+      this.#next();
+    });
+  }
+
+  #next(): void {
+    while (this.#running < this.#concurrency && this.#queue.length > 0) {
+      const batch = this.#queue.splice(0, this.#maxBatch);
+      this.#running += 1;
+      void this.#run(batch).finally(() => {
+        this.#running -= 1;
+        this.#next();
+      });
+    }
+  }
+
+  async #run(batch: Array<Waiting<Item, Result>>): Promise<void> {
+    let outcomes: Array<BatchOutcome<Result>>;
+    try {
+      outcomes = await this.#write(batch.map((waiting) => waiting.item));
+      if (outcomes.length !== batch.length) throw new Error(`a batch of ${batch.length} answered ${outcomes.length} outcomes`);
+    } catch (error) {
+      for (const waiting of batch) waiting.reject(error);
+      return;
+    }
+    batch.forEach((waiting, i) => {
+      const outcome = outcomes[i]!;
+      if (outcome.ok) waiting.resolve(outcome.value);
+      else waiting.reject(outcome.error);
+    });
+  }
+}
