@@ -318,6 +318,31 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
 }
 
 /**
+ * Records attempts that succeeded, all in one transaction of two statements: each attempt gets
+ * its outcome, and each delivery still open (pending or paused) becomes delivered — what
+ * `recordAttempt` does for one success.
+ */
+export async function recordSuccesses(
+  db: Database, nowMs: number, done: ReadonlyArray<{ claim: ClaimedAttempt; result: AttemptResult }>,
+): Promise<void> {
+  if (done.length === 0) return;
+  const now = new Date(nowMs);
+  await db.transaction(async (tx) => {
+    await tx.query(
+      `UPDATE webhook_attempts a SET outcome = 'succeeded', finished_at = $6, status_code = r.status_code, latency_ms = r.latency_ms,
+         error = NULL, response_excerpt = r.excerpt
+       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[]) AS r(delivery_id, attempt, status_code, latency_ms, excerpt)
+       WHERE a.delivery_id = r.delivery_id AND a.attempt = r.attempt`,
+      [done.map((d) => d.claim.deliveryId), done.map((d) => d.claim.attempt), done.map((d) => d.result.statusCode),
+        done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), now]);
+    await tx.query(
+      `UPDATE webhook_deliveries SET status = 'delivered', delivered_at = $2, next_attempt_at = NULL, updated_at = $2
+       WHERE id = ANY($1::text[]) AND status IN ('pending', 'paused')`,
+      [done.map((d) => d.claim.deliveryId), now]);
+  });
+}
+
+/**
  * A last attempt whose lease ran out without an outcome counts as failed: its delivery pauses
  * and its webhook degrades, as if the endpoint had failed it. Returns how many were settled.
  */
@@ -381,10 +406,14 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
   while (performance.now() < deadlineMs) {
     const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
     if (!claims.length) break;
+    // Successes (nearly all of them) are recorded together; any other outcome on its own.
+    const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
     const outcomes = await Promise.allSettled(claims.map(async (claim) => {
       const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
-      await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
+      if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
+      else await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
     }));
+    outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
     attempted += claims.length;
     const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
     // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
