@@ -315,6 +315,32 @@ describe('payments under concurrency', () => {
     }
   });
 
+  test('concurrent payments of several vaults (written in batches): each gets its own answer', async () => {
+    const capped = await fundedWallet(t, '5', await newPolicy(t, { maxPerTx: '2' }));
+    const small = await fundedWallet(t, '3');
+    const frozen = await fundedWallet(t, '4');
+    await t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { body: { status: 'frozen' } });
+    const requests: Array<[string, string, string]> = [
+      ...['1', '3', '1', '1', '1'].map((amount): [string, string, string] => [capped.wallet_id, amount, 'capped']),
+      ...['1', '1', '1', '1', '1'].map((amount): [string, string, string] => [small.wallet_id, amount, 'small']),
+      [frozen.wallet_id, '2', 'frozen'],
+    ];
+    const responses = await Promise.all(requests.map(async ([walletId, amount]) => t.request('POST', '/v1/payments', {
+      body: { walletId, to: await newRecipient(), amount, currency: 'USDC' },
+    })));
+    const answers = (name: string) => responses.filter((_, i) => requests[i]![2] === name)
+      .map((r) => (r.status === 200 ? `${r.body.amount}` : `${r.status} ${r.body.error.violation?.rule ?? r.body.error.code}`)).sort();
+    assert.deepEqual(answers('capped'), ['1.00', '1.00', '1.00', '1.00', '402 max_per_tx'], 'the blocked one alone is refused');
+    assert.deepEqual(answers('small'), ['1.00', '1.00', '1.00', '422 wallet_insufficient_balance', '422 wallet_insufficient_balance'],
+      'each payment sees the balance the ones before it left');
+    assert.deepEqual(answers('frozen'), ['422 wallet_frozen']);
+    for (const [wallet, funded, left] of [[capped, 5_000_000n, '1.00'], [small, 3_000_000n, '0.00'], [frozen, 4_000_000n, '4.00']] as const) {
+      assert.equal(await balanceOf(t, wallet.wallet_id), left, `${wallet.wallet_id} balance`);
+      await assertVaultConsistent(t, wallet.wallet_id, funded);
+    }
+    assert.equal(await countRows(t, capped.wallet_id, 'blocked'), 1, 'the blocked payment is recorded');
+  });
+
   test('20 concurrent identical idempotent requests make one payment', async () => {
     const wallet = await fundedWallet(t, '10');
     const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', idempotencyKey: unique('pay') };

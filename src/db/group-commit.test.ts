@@ -1,0 +1,78 @@
+/**
+ * The group commit queue: what arrives while a batch is being written goes into the next one,
+ * in order; an idle queue writes at once; one item's refusal is its own; a failed write fails
+ * its whole batch and nothing else.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { GroupCommit, type BatchOutcome } from './group-commit.ts';
+
+/** A write that records its batches and finishes each only when told to. */
+function controlledWrite() {
+  const batches: number[][] = [];
+  const finish: Array<() => void> = [];
+  const write = async (items: number[]): Promise<Array<BatchOutcome<string>>> => {
+    batches.push(items);
+    await new Promise<void>((resolve) => finish.push(resolve));
+    if (items.includes(-1)) throw new Error('the database went away');
+    return items.map((item) => (item % 2 === 0 ? { ok: true, value: `wrote ${item}` } : { ok: false, error: new Error(`refused ${item}`) }));
+  };
+  const settle = async () => { for (let i = 0; i < 10; i += 1) await new Promise((resolve) => setImmediate(resolve)); };
+  return { batches, finish, write, settle };
+}
+
+test('an idle queue writes at once; what arrives meanwhile is written together next, in order', async () => {
+  const w = controlledWrite();
+  const queue = new GroupCommit(w.write, { maxBatch: 100, concurrency: 1 });
+  const first = queue.submit(0);
+  await w.settle();
+  assert.deepEqual(w.batches, [[0]], 'the first item did not wait for company');
+  const rest = [2, 4, 6, 8].map((n) => queue.submit(n));
+  await w.settle();
+  assert.deepEqual(w.batches, [[0]], 'nothing else is written while the first batch runs');
+  w.finish.shift()!();
+  assert.equal(await first, 'wrote 0');
+  await w.settle();
+  assert.deepEqual(w.batches, [[0], [2, 4, 6, 8]], 'the waiting items went together, in arrival order');
+  w.finish.shift()!();
+  assert.deepEqual(await Promise.all(rest), ['wrote 2', 'wrote 4', 'wrote 6', 'wrote 8']);
+});
+
+test('batches are capped, and run side by side up to the concurrency', async () => {
+  const w = controlledWrite();
+  const queue = new GroupCommit(w.write, { maxBatch: 3, concurrency: 2 });
+  const all = [0, 2, 4, 6, 8, 10, 12, 14].map((n) => queue.submit(n));
+  await w.settle();
+  assert.deepEqual(w.batches, [[0], [2]], 'two batches at once, each taken as soon as a slot was free');
+  w.finish.shift()!();
+  await w.settle();
+  assert.deepEqual(w.batches.slice(2), [[4, 6, 8]], 'a freed slot takes at most 3 of the waiting items');
+  while (w.finish.length) { w.finish.shift()!(); await w.settle(); }
+  assert.deepEqual(w.batches.slice(3), [[10, 12, 14]]);
+  assert.equal((await Promise.all(all)).length, 8);
+});
+
+test('a refused item is refused alone; a failed write fails its batch only', async () => {
+  const w = controlledWrite();
+  const queue = new GroupCommit(w.write, { maxBatch: 10, concurrency: 1 });
+  const blocker = queue.submit(0);
+  const mixed = [queue.submit(2), queue.submit(3), queue.submit(4)];
+  await w.settle();
+  w.finish.shift()!();
+  await blocker;
+  await w.settle();
+  const doomed = queue.submit(-1);
+  const after = queue.submit(6);
+  w.finish.shift()!();
+  const outcomes = await Promise.allSettled(mixed);
+  assert.deepEqual(outcomes.map((o) => (o.status === 'fulfilled' ? o.value : (o.reason as Error).message)), ['wrote 2', 'refused 3', 'wrote 4']);
+  await w.settle();
+  assert.deepEqual(w.batches.at(-1), [-1, 6], 'the next two went together');
+  w.finish.shift()!();
+  await assert.rejects(doomed, /the database went away/);
+  await assert.rejects(after, /the database went away/, 'every item of the failed batch gets its error');
+  const later = queue.submit(8);
+  await w.settle();
+  w.finish.shift()!();
+  assert.equal(await later, 'wrote 8', 'the queue goes on after a failed batch');
+});
