@@ -1,7 +1,7 @@
 /**
  * The group commit queue: what arrives while a batch is being written goes into the next one,
- * in order; an idle queue writes at once; one item's refusal is its own; a failed write fails
- * its whole batch and nothing else.
+ * in order; an idle queue writes at once; one item's refusal is its own; a failed batch is
+ * written again item by item, so only the item that failed it fails.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -52,7 +52,7 @@ test('batches are capped, and run side by side up to the concurrency', async () 
   assert.equal((await Promise.all(all)).length, 8);
 });
 
-test('a refused item is refused alone; a failed write fails its batch only', async () => {
+test('a refused item is refused alone; a failed batch is written again item by item', async () => {
   const w = controlledWrite();
   const queue = new GroupCommit(w.write, { maxBatch: 10, concurrency: 1 });
   const blocker = queue.submit(0);
@@ -62,17 +62,21 @@ test('a refused item is refused alone; a failed write fails its batch only', asy
   await blocker;
   await w.settle();
   const doomed = queue.submit(-1);
-  const after = queue.submit(6);
+  const innocent = queue.submit(6);
   w.finish.shift()!();
   const outcomes = await Promise.allSettled(mixed);
   assert.deepEqual(outcomes.map((o) => (o.status === 'fulfilled' ? o.value : (o.reason as Error).message)), ['wrote 2', 'refused 3', 'wrote 4']);
   await w.settle();
   assert.deepEqual(w.batches.at(-1), [-1, 6], 'the next two went together');
+  w.finish.shift()!(); // that write fails: each item is written again, on its own
+  await w.settle();
+  assert.deepEqual(w.batches.slice(-2), [[-1], [6]]);
   w.finish.shift()!();
-  await assert.rejects(doomed, /the database went away/);
-  await assert.rejects(after, /the database went away/, 'every item of the failed batch gets its error');
+  w.finish.shift()!();
+  await assert.rejects(doomed, /the database went away/, 'the item that failed the batch gets the error');
+  assert.equal(await innocent, 'wrote 6', 'the other item of the failed batch is written');
   const later = queue.submit(8);
   await w.settle();
   w.finish.shift()!();
-  assert.equal(await later, 'wrote 8', 'the queue goes on after a failed batch');
+  assert.equal(await later, 'wrote 8', 'the queue goes on');
 });

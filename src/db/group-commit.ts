@@ -22,8 +22,8 @@ export class GroupCommit<Item, Result> {
   #running = 0;
 
   /**
-   * `write` answers one outcome per item, in order; when it throws, every item of its batch
-   * gets that error. At most `concurrency` batches are written at once, each of at most
+   * `write` answers one outcome per item, in order, and must write nothing when it throws (one
+   * database transaction). At most `concurrency` batches are written at once, each of at most
    * `maxBatch` items.
    */
   constructor(write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>, options: { maxBatch: number; concurrency: number }) {
@@ -50,13 +50,19 @@ export class GroupCommit<Item, Result> {
     }
   }
 
+  /**
+   * Writes a batch. When the write fails (it wrote nothing: one database transaction), a batch
+   * of several is written again one item per write, side by side (a database that is down fails
+   * them all at once, not one after the other), so a failure one item causes is its alone.
+   */
   async #run(batch: Array<Waiting<Item, Result>>): Promise<void> {
     let outcomes: Array<BatchOutcome<Result>>;
     try {
       outcomes = await this.#write(batch.map((waiting) => waiting.item));
       if (outcomes.length !== batch.length) throw new Error(`a batch of ${batch.length} answered ${outcomes.length} outcomes`);
     } catch (error) {
-      for (const waiting of batch) waiting.reject(error);
+      if (batch.length === 1) batch[0]!.reject(error);
+      else await Promise.all(batch.map((waiting) => this.#run([waiting])));
       return;
     }
     batch.forEach((waiting, i) => {
