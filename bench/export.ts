@@ -17,7 +17,6 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -25,6 +24,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { generateKeyPairSigner } from '@solana/kit';
 import pg from 'pg';
+import { freePort, stopProcess, waitForHealth } from '../test/processes.ts';
 
 const { values } = parseArgs({
   options: {
@@ -84,7 +84,7 @@ const output: string[] = [];
 const serviceTail: string[] = [];
 
 async function cleanUp(): Promise<void> {
-  if (service) await stopService(service);
+  if (service) await stopProcess(service);
   await serviceDb?.end().catch(() => {});
   await admin.query(`DROP DATABASE IF EXISTS ${DATABASE} WITH (FORCE)`).catch(() => {});
   await admin.end().catch(() => {});
@@ -101,7 +101,7 @@ try {
   const port = await freePort();
   const baseUrl = `http://127.0.0.1:${port}`;
   service = startService(port);
-  await waitForHealth(baseUrl, service);
+  await waitForHealth(baseUrl, service, { timeoutMs: SERVICE_START_TIMEOUT_MS });
   const pid = service.pid!;
   log(`service listening on ${baseUrl} (pid ${pid}, slot ${slotMs} ms)`);
   serviceDb = new pg.Pool({ connectionString: databaseUrl(DATABASE), max: 2 });
@@ -393,40 +393,6 @@ function startService(port: number): ChildProcess {
   child.stdout!.on('data', keep);
   child.stderr!.on('data', keep);
   return child;
-}
-
-async function waitForHealth(baseUrl: string, child: ChildProcess): Promise<void> {
-  const deadlineMs = Date.now() + SERVICE_START_TIMEOUT_MS;
-  while (Date.now() < deadlineMs) {
-    if (child.exitCode !== null) throw new Error(`the service exited (${child.exitCode})`);
-    try {
-      if ((await fetch(`${baseUrl}/healthz`, { signal: AbortSignal.timeout(2_000) })).ok) return;
-    } catch {
-      // not listening yet
-    }
-    await sleep(200);
-  }
-  throw new Error('the service did not become healthy');
-}
-
-async function stopService(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  child.kill('SIGTERM');
-  const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
-  await exited;
-  clearTimeout(timer);
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 function apiClient(baseUrl: string) {

@@ -26,6 +26,7 @@ import { parseArgs, promisify } from 'node:util';
 import { generateKeyPairSigner } from '@solana/kit';
 import pg from 'pg';
 import { DAY_MS, HOUR_MS, monthKey } from '../src/payments/policy-engine.ts';
+import { freePort, stopProcess, waitForHealth } from '../test/processes.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -155,7 +156,7 @@ let service: ChildProcess | null = null;
 let serviceDb: pg.Pool | null = null;
 
 async function cleanUp(): Promise<void> {
-  if (service) await stopService(service);
+  if (service) await stopProcess(service, { killAfterMs: SERVICE_STOP_TIMEOUT_MS });
   await serviceDb?.end().catch(() => {});
   await dropDatabase(SERVICE_DATABASE).catch(() => {});
   await dropDatabase(PGBENCH_DATABASE).catch(() => {});
@@ -189,7 +190,7 @@ try {
   service = startService(port, profileDir);
   const serviceLog = captureLog(service);
   serviceOutput = serviceLog;
-  await waitForHealth(baseUrl, service, serviceLog);
+  await waitForHealth(baseUrl, service, { timeoutMs: SERVICE_START_TIMEOUT_MS, output: () => serviceLog.tail.join('\n') });
   log(`service listening on ${baseUrl} (pid ${service.pid}, LOG_LEVEL=${logLevel}, slot ${slotMs} ms)`);
   serviceDb = new pg.Pool({ connectionString: databaseUrl(SERVICE_DATABASE), max: 2 });
   serviceDb.on('error', () => {});
@@ -306,7 +307,7 @@ try {
   const statuses = await paymentStatuses(serviceDb);
 
   const serviceWarnings = serviceLog.warnings;
-  await stopService(service);
+  await stopProcess(service, { killAfterMs: SERVICE_STOP_TIMEOUT_MS });
   const profiles = cpuProfile ? readdirSync(profileDir).filter((file) => file.endsWith('.cpuprofile')) : [];
 
   // -------------------------------------------------------------------------------------------
@@ -422,41 +423,6 @@ function warningOf(line: string): string {
   } catch {
     return line.slice(0, 200);
   }
-}
-
-async function waitForHealth(baseUrl: string, child: ChildProcess, output: { tail: string[] }): Promise<void> {
-  const deadlineMs = Date.now() + SERVICE_START_TIMEOUT_MS;
-  while (Date.now() < deadlineMs) {
-    if (child.exitCode !== null) throw new Error(`the service exited (${child.exitCode}):\n${output.tail.join('\n')}`);
-    try {
-      const response = await fetch(`${baseUrl}/healthz`, { signal: AbortSignal.timeout(2_000) });
-      if (response.ok) return;
-    } catch {
-      // not listening yet
-    }
-    await sleep(200);
-  }
-  throw new Error(`the service did not become healthy:\n${output.tail.join('\n')}`);
-}
-
-async function stopService(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  child.kill('SIGTERM');
-  const timer = setTimeout(() => child.kill('SIGKILL'), SERVICE_STOP_TIMEOUT_MS);
-  await exited;
-  clearTimeout(timer);
-}
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 /** Setup calls with the admin key; a 503 is retried as the API asks ("retry the same request"). */

@@ -7,7 +7,7 @@ import { Type } from 'typebox';
 import { ROLES, type Role } from '../auth/api-keys.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
-import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { insertApiKey } from '../organizations/organizations.ts';
 
 export const KEY_NAME_MAX = 100;
@@ -110,10 +110,8 @@ export async function getApiKey(db: Queryable, orgId: string, apiKeyId: string):
 
 /** The organisation's keys, newest first, revoked ones included (they show when). */
 export async function listApiKeys(db: Queryable, orgId: string, page: PageRequest) {
-  const after = keysetCondition(page, 2);
-  const rows = await db.query<ApiKeyRow>(
-    `SELECT ${API_KEY_COLUMNS} FROM api_keys WHERE org_id = $1 AND ${after.sql}
-     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, [orgId, ...after.params]);
+  const { sql, params } = new PageFilter().where((p) => `org_id = ${p}`, orgId).page(page);
+  const rows = await db.query<ApiKeyRow>(`SELECT ${API_KEY_COLUMNS} FROM api_keys ${sql}`, params);
   return toPage(rows, page, apiKeyView);
 }
 

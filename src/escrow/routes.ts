@@ -8,7 +8,7 @@ import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
-import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
@@ -270,21 +270,11 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const page = parsePageRequest(request.query);
-    const params: unknown[] = [orgId];
-    const where = ['(e.org_id = $1 OR e.receiver_org_id = $1)'];
-    if (request.query.walletId) {
-      params.push(request.query.walletId);
-      where.push(`(e.from_wallet_id = $${params.length} OR e.to_wallet_id = $${params.length})`);
-    }
-    if (request.query.status) {
-      params.push(request.query.status);
-      where.push(`e.status = $${params.length}`);
-    }
-    const after = keysetCondition(page, params.length + 1, 'e');
-    params.push(...after.params);
-    const rows = await ctx.db.query<EscrowRow>(
-      `SELECT e.* FROM escrows e WHERE ${where.join(' AND ')} AND ${after.sql}
-       ORDER BY e.created_at DESC, e.id DESC LIMIT ${page.limit + 1}`, params);
+    const where = new PageFilter('e').where((p) => `(e.org_id = ${p} OR e.receiver_org_id = ${p})`, orgId);
+    if (request.query.walletId) where.where((p) => `(e.from_wallet_id = ${p} OR e.to_wallet_id = ${p})`, request.query.walletId);
+    if (request.query.status) where.where((p) => `e.status = ${p}`, request.query.status);
+    const { sql, params } = where.page(page);
+    const rows = await ctx.db.query<EscrowRow>(`SELECT e.* FROM escrows e ${sql}`, params);
     return toPage(rows, page, escrowView);
   });
 }

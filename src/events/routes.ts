@@ -7,7 +7,7 @@ import { invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { parseTimeBound } from '../transactions/routes.ts';
 import { EVENT_RETENTION_MS, EVENT_TYPES, type EventType, type Severity } from './events.ts';
 
@@ -63,13 +63,11 @@ export function eventRoutes(app: App, ctx: AppContext): void {
     const oldest = new Date(nowMs - EVENT_RETENTION_MS);
     const from = query.from === undefined ? oldest : parseTimeBound('from', query.from);
     if (from < oldest) throw invalidRequest('from', `Events are kept 90 days: from must be ${oldest.toISOString()} or later.`);
-    const params: unknown[] = [orgId, from];
-    const where = ['org_id = $1', 'created_at >= $2'];
+    const where = new PageFilter().where((p) => `org_id = ${p}`, orgId).where((p) => `created_at >= ${p}`, from);
     if (query.to !== undefined) {
       const to = parseTimeBound('to', query.to);
       if (to <= from) throw invalidRequest('to', 'to must be later than from (from is inclusive, to exclusive).');
-      params.push(to);
-      where.push(`created_at < $${params.length}`);
+      where.where((p) => `created_at < ${p}`, to);
     }
     if (query.type !== undefined) {
       const types = query.type.split(',').map((type) => type.trim()).filter(Boolean);
@@ -77,22 +75,13 @@ export function eventRoutes(app: App, ctx: AppContext): void {
       if (!types.length || types.length > TYPES_MAX || unknown !== undefined) {
         throw invalidRequest('type', `type is one or more of ${EVENT_TYPES.join(', ')}${unknown ? ` (not "${unknown}")` : ''}.`);
       }
-      params.push(types as EventType[]);
-      where.push(`type = ANY($${params.length}::text[])`);
+      where.where((p) => `type = ANY(${p}::text[])`, types as EventType[]);
     }
-    if (query.walletId !== undefined) {
-      params.push(query.walletId);
-      where.push(`wallet_id = $${params.length}`);
-    }
-    if (query.severity !== undefined) {
-      params.push(query.severity);
-      where.push(`severity = $${params.length}`);
-    }
-    const after = keysetCondition(page, params.length + 1);
-    params.push(...after.params);
+    if (query.walletId !== undefined) where.where((p) => `wallet_id = ${p}`, query.walletId);
+    if (query.severity !== undefined) where.where((p) => `severity = ${p}`, query.severity);
+    const { sql, params } = where.page(page);
     const rows = await ctx.db.query<EventRow>(
-      `SELECT id, type, wallet_id, severity, summary, payload, created_at FROM events
-       WHERE ${where.join(' AND ')} AND ${after.sql} ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+      `SELECT id, type, wallet_id, severity, summary, payload, created_at FROM events ${sql}`, params);
     return toPage(rows, page, eventView);
   });
 }

@@ -56,16 +56,47 @@ export function encodeCursor(row: { created_at: Date; id: string }): string {
 }
 
 /**
- * The SQL condition and parameters for "after the cursor", numbered from `firstParam`.
- * Rows must be ordered `created_at DESC, id DESC` and fetched with LIMIT limit + 1.
+ * The filters of a list and the page's place in it: `page()` gives the `WHERE … ORDER BY …
+ * LIMIT …` of a keyset page (newest first, `created_at DESC, id DESC`, one row more than the
+ * limit so toPage can tell whether there is more) and its parameters. Every list of the API
+ * goes through here.
  */
-export function keysetCondition(page: PageRequest, firstParam: number, table = ''): { sql: string; params: unknown[] } {
-  if (!page.after) return { sql: 'TRUE', params: [] };
-  const prefix = table ? `${table}.` : '';
-  return {
-    sql: `(${prefix}created_at, ${prefix}id) < ($${firstParam}, $${firstParam + 1})`,
-    params: [page.after.createdAt, page.after.id],
-  };
+export class PageFilter {
+  readonly #params: unknown[] = [];
+  readonly #conditions: string[] = [];
+  readonly #prefix: string;
+
+  /** `table`: the alias the columns are qualified with, when the query joins. */
+  constructor(table = '') {
+    this.#prefix = table ? `${table}.` : '';
+  }
+
+  /** A condition on a value; `sql` is given the value's placeholder (it may use it twice). */
+  where(sql: (param: string) => string, value: unknown): this {
+    this.#params.push(value);
+    this.#conditions.push(sql(`$${this.#params.length}`));
+    return this;
+  }
+
+  /** A condition without a value. */
+  whereSql(sql: string): this {
+    this.#conditions.push(sql);
+    return this;
+  }
+
+  page(page: PageRequest): { sql: string; params: unknown[] } {
+    const p = this.#prefix;
+    const params = [...this.#params];
+    const conditions = [...this.#conditions];
+    if (page.after) {
+      params.push(page.after.createdAt, page.after.id);
+      conditions.push(`(${p}created_at, ${p}id) < ($${params.length - 1}, $${params.length})`);
+    }
+    return {
+      sql: `WHERE ${conditions.length ? conditions.join(' AND ') : 'TRUE'} ORDER BY ${p}created_at DESC, ${p}id DESC LIMIT ${page.limit + 1}`,
+      params,
+    };
+  }
 }
 
 export function toPage<Row extends { created_at: Date; id: string }, Item>(

@@ -6,7 +6,7 @@ import type { AppContext } from '../http/context.ts';
 import type { Queryable } from '../db/database.ts';
 import { generateApiKey, hashApiKey, describeKey, type Role } from '../auth/api-keys.ts';
 import { invalidRequest } from '../errors/errors.ts';
-import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
 
@@ -137,8 +137,7 @@ export async function findDefaultOrganization(db: Queryable): Promise<Organizati
 
 /** Every organisation of the service, newest first: an operator's view (the API shows only the caller's). */
 export async function listOrganizations(db: Queryable, page: PageRequest) {
-  const after = keysetCondition(page, 1);
-  const rows = await db.query<OrganizationRow>(
-    `SELECT * FROM organizations WHERE ${after.sql} ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, after.params);
+  const { sql, params } = new PageFilter().page(page);
+  const rows = await db.query<OrganizationRow>(`SELECT * FROM organizations ${sql}`, params);
   return toPage(rows, page, (row) => row);
 }

@@ -18,8 +18,7 @@ import type { Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
-import type { PageRequest } from '../http/pagination.ts';
-import { toPage } from '../http/pagination.ts';
+import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { diffFields, type Changes, type PolicyFields } from './fields.ts';
@@ -183,11 +182,8 @@ export async function getPolicyView(q: Queryable, orgId: string, policyId: strin
 
 /** The organisation's policies, presets included, newest first. */
 export async function listPolicies(q: Queryable, orgId: string, page: PageRequest) {
-  const after = page.after ? 'AND (p.created_at, p.id) < ($2, $3)' : '';
-  const params = page.after ? [orgId, page.after.createdAt, page.after.id] : [orgId];
-  const rows = await q.query<PolicyWithCount>(
-    `SELECT ${COLUMNS}, ${WALLET_COUNT} FROM policies p WHERE p.org_id = $1 AND p.deleted_at IS NULL ${after}
-     ORDER BY p.created_at DESC, p.id DESC LIMIT ${page.limit + 1}`, params);
+  const { sql, params } = new PageFilter('p').where((p) => `p.org_id = ${p}`, orgId).whereSql('p.deleted_at IS NULL').page(page);
+  const rows = await q.query<PolicyWithCount>(`SELECT ${COLUMNS}, ${WALLET_COUNT} FROM policies p ${sql}`, params);
   return toPage(rows, page, (row) => policyView(row, row.wallet_count));
 }
 

@@ -8,7 +8,7 @@ import { Type } from 'typebox';
 import { isAddress } from '@solana/kit';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
-import { keysetCondition, type PageRequest, toPage } from '../http/pagination.ts';
+import { PageFilter, type PageRequest, toPage } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 
 /** The longest DNS name (RFC 1035, without the trailing dot). */
@@ -155,23 +155,15 @@ export interface RecipientFilter {
 
 /** One page of live recipients, newest first; filter values are validated like stored ones. */
 export async function listRecipients(q: Queryable, orgId: string, page: PageRequest, filter: RecipientFilter) {
-  const params: unknown[] = [orgId];
-  const where = ['org_id = $1', 'deleted_at IS NULL'];
-  if (filter.category !== undefined) {
-    params.push(categoryOf(filter.category));
-    where.push(`category = $${params.length}`);
-  }
+  const where = new PageFilter().where((p) => `org_id = ${p}`, orgId).whereSql('deleted_at IS NULL');
+  if (filter.category !== undefined) where.where((p) => `category = ${p}`, categoryOf(filter.category));
   if (filter.domain !== undefined) {
     const domain = normaliseDomain(filter.domain);
     if (domain === null) throw invalidRequest('domain', `domain ${quoted(filter.domain)} is not a DNS name.`);
-    params.push(domain);
-    where.push(`domain = $${params.length}`);
+    where.where((p) => `domain = ${p}`, domain);
   }
-  const after = keysetCondition(page, params.length + 1);
-  params.push(...after.params);
-  const rows = await q.query<RecipientRow>(
-    `SELECT * FROM recipients WHERE ${where.join(' AND ')} AND ${after.sql}
-     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+  const { sql, params } = where.page(page);
+  const rows = await q.query<RecipientRow>(`SELECT * FROM recipients ${sql}`, params);
   return toPage(rows, page, recipientView);
 }
 

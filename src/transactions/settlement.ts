@@ -219,7 +219,9 @@ export async function settleSignatures(
       else await rule[row.status as 'confirmed' | 'failed'](tx, nowMs, row);
     }
     for (const [type, list] of inBulk) await RULES[type]!.confirmedAll!(tx, nowMs, list);
-    return settled.map(({ signature }) => rows.filter((row) => row.tx_signature === signature));
+    const bySignature = new Map<string, TransactionRow[]>();
+    for (const row of rows) bySignature.set(row.tx_signature!, [...(bySignature.get(row.tx_signature!) ?? []), row]);
+    return settled.map(({ signature }) => bySignature.get(signature) ?? []);
   });
 }
 

@@ -6,7 +6,7 @@ import { Type } from 'typebox';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { AppContext } from '../http/context.ts';
-import { keysetCondition, type PageRequest } from '../http/pagination.ts';
+import { PageFilter, type PageRequest } from '../http/pagination.ts';
 import { formatUsdc } from '../money/money.ts';
 import type { TransactionRow, TransactionStatus, TransactionType } from './settlement.ts';
 
@@ -170,21 +170,13 @@ export interface TransactionFilter {
 export async function listTransactions(
   q: Queryable, orgId: string, filter: TransactionFilter, page: PageRequest,
 ): Promise<TransactionRow[]> {
-  const params: unknown[] = [orgId];
-  const where = ['org_id = $1'];
-  const add = (sql: (param: string) => string, value: unknown) => {
-    params.push(value);
-    where.push(sql(`$${params.length}`));
-  };
-  if (filter.walletId !== undefined) add((p) => `wallet_id = ${p}`, filter.walletId);
-  if (filter.status !== undefined) add((p) => `status = ${p}`, filter.status);
-  if (filter.type !== undefined) add((p) => `type = ${p}`, filter.type);
-  if (filter.recipient !== undefined) add((p) => `recipient = ${p}`, filter.recipient);
-  if (filter.from !== undefined) add((p) => `created_at >= ${p}`, filter.from);
-  if (filter.to !== undefined) add((p) => `created_at < ${p}`, filter.to);
-  const after = keysetCondition(page, params.length + 1);
-  params.push(...after.params);
-  return q.query<TransactionRow>(
-    `SELECT * FROM transactions WHERE ${where.join(' AND ')} AND ${after.sql}
-     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+  const where = new PageFilter().where((p) => `org_id = ${p}`, orgId);
+  if (filter.walletId !== undefined) where.where((p) => `wallet_id = ${p}`, filter.walletId);
+  if (filter.status !== undefined) where.where((p) => `status = ${p}`, filter.status);
+  if (filter.type !== undefined) where.where((p) => `type = ${p}`, filter.type);
+  if (filter.recipient !== undefined) where.where((p) => `recipient = ${p}`, filter.recipient);
+  if (filter.from !== undefined) where.where((p) => `created_at >= ${p}`, filter.from);
+  if (filter.to !== undefined) where.where((p) => `created_at < ${p}`, filter.to);
+  const { sql, params } = where.page(page);
+  return q.query<TransactionRow>(`SELECT * FROM transactions ${sql}`, params);
 }

@@ -12,7 +12,7 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { Type } from 'typebox';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
-import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { assertPublicUrl } from '../net/outbound.ts';
 
@@ -143,10 +143,8 @@ export async function getVerifier(q: Queryable, orgId: string, verifierId: strin
 
 /** One page of the organisation's verifiers, newest first, revoked ones included. */
 export async function listVerifiers(q: Queryable, orgId: string, page: PageRequest) {
-  const after = keysetCondition(page, 2);
-  const rows = await q.query<VerifierRow>(
-    `SELECT * FROM verifiers WHERE org_id = $1 AND ${after.sql}
-     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, [orgId, ...after.params]);
+  const { sql, params } = new PageFilter().where((p) => `org_id = ${p}`, orgId).page(page);
+  const rows = await q.query<VerifierRow>(`SELECT * FROM verifiers ${sql}`, params);
   return toPage(rows, page, verifierView);
 }
 

@@ -8,7 +8,7 @@ import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
-import { PageQuery, keysetCondition, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
 import { spendingOf } from '../payments/budgets.ts';
@@ -163,28 +163,21 @@ export function walletRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const page = parsePageRequest(request.query);
-    const params: unknown[] = [orgId];
-    const where = ['w.org_id = $1'];
-    if (request.query.status) {
-      // idle and active depend on the time; the others do not name it.
-      if (request.query.status === 'idle' || request.query.status === 'active') params.push(new Date(ctx.clock.nowMs()));
-      where.push(`(${statusCondition(request.query.status, params.length)})`);
-    } else {
-      where.push(`w.status <> 'archived'`);
-    }
+    const where = new PageFilter('w').where((p) => `w.org_id = ${p}`, orgId);
+    const { status } = request.query;
+    // idle and active depend on the time; the others do not name it.
+    if (status === 'idle' || status === 'active') where.where((now) => `(${statusCondition(status, now)})`, new Date(ctx.clock.nowMs()));
+    else if (status) where.whereSql(`(${statusCondition(status, null)})`);
+    else where.whereSql(`w.status <> 'archived'`);
     if (request.query.tags) {
       const tags = request.query.tags.split(',').map((tag) => tag.trim()).filter(Boolean);
       if (tags.length > TAGS_MAX || tags.some((tag) => !new RegExp(TAG_PATTERN).test(tag))) {
         throw new ServiceError('invalid_request', `tags is a comma-separated list of at most ${TAGS_MAX} tags.`, { param: 'tags' });
       }
-      params.push(tags);
-      where.push(`w.tags @> $${params.length}::text[]`);
+      where.where((p) => `w.tags @> ${p}::text[]`, tags);
     }
-    const after = keysetCondition(page, params.length + 1, 'w');
-    params.push(...after.params);
-    const rows = await ctx.db.query<WalletWithPolicy>(
-      `${WALLET_SELECT} WHERE ${where.join(' AND ')} AND ${after.sql}
-       ORDER BY w.created_at DESC, w.id DESC LIMIT ${page.limit + 1}`, params);
+    const { sql, params } = where.page(page);
+    const rows = await ctx.db.query<WalletWithPolicy>(`${WALLET_SELECT} ${sql}`, params);
     return toPage(rows, page, view);
   });
 

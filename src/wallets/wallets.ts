@@ -123,18 +123,21 @@ export function displayedStatus(row: StatusFields, nowMs: number): WalletStatus 
   return 'active';
 }
 
-/** The SQL condition selecting the wallets a client sees with `status` (the list filter); `$now` is the param index of the time. */
-export function statusCondition(status: WalletStatus, nowParam: number, alias = 'w'): string {
+/** The SQL condition selecting the wallets a client sees with `status` (the list filter); `nowParam`: the placeholder of the time (idle and active need it). */
+export function statusCondition(status: WalletStatus, nowParam: string | null, alias = 'w'): string {
   const a = alias;
   const violation = `${a}.policy_violation_at IS NOT NULL`;
   const unfunded = `(${a}.balance = 0 AND ${a}.last_transaction_at IS NOT NULL)`;
-  const idle = `COALESCE(${a}.last_transaction_at, ${a}.created_at) <= $${nowParam}::timestamptz - INTERVAL '${IDLE_AFTER_MS / 1000} seconds'`;
+  const idle = () => {
+    if (nowParam === null) throw new Error(`the ${status} condition needs the time`);
+    return `COALESCE(${a}.last_transaction_at, ${a}.created_at) <= ${nowParam}::timestamptz - INTERVAL '${IDLE_AFTER_MS / 1000} seconds'`;
+  };
   switch (status) {
     case 'frozen': case 'archived': return `${a}.status = '${status}'`;
     case 'policy_violation': return `${a}.status = 'active' AND ${violation}`;
     case 'unfunded': return `${a}.status = 'active' AND NOT ${violation} AND ${unfunded}`;
-    case 'idle': return `${a}.status = 'active' AND NOT ${violation} AND NOT ${unfunded} AND ${idle}`;
-    case 'active': return `${a}.status = 'active' AND NOT ${violation} AND NOT ${unfunded} AND NOT (${idle})`;
+    case 'idle': return `${a}.status = 'active' AND NOT ${violation} AND NOT ${unfunded} AND ${idle()}`;
+    case 'active': return `${a}.status = 'active' AND NOT ${violation} AND NOT ${unfunded} AND NOT (${idle()})`;
   }
 }
 

@@ -20,7 +20,7 @@ import { createHmac } from 'node:crypto';
 import { Type } from 'typebox';
 import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
-import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { OutboundError, fetchGuarded } from '../net/outbound.ts';
 import { getWebhook, webhookNotFound } from './webhooks.ts';
@@ -536,21 +536,11 @@ export interface DeliveryFilter {
 /** One page of a webhook's deliveries, newest event first, each with its latest attempts. */
 export async function listDeliveries(q: Queryable, orgId: string, webhookId: string, page: PageRequest, filter: DeliveryFilter) {
   await getWebhook(q, orgId, webhookId);
-  const params: unknown[] = [orgId, webhookId];
-  const where = ['org_id = $1', 'webhook_id = $2'];
-  if (filter.status !== undefined) {
-    params.push(filter.status);
-    where.push(`status = $${params.length}`);
-  }
-  if (filter.eventId !== undefined) {
-    params.push(filter.eventId);
-    where.push(`event_id = $${params.length}`);
-  }
-  const after = keysetCondition(page, params.length + 1);
-  params.push(...after.params);
-  const rows = await q.query<DeliveryRow>(
-    `SELECT * FROM webhook_deliveries WHERE ${where.join(' AND ')} AND ${after.sql}
-     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, params);
+  const where = new PageFilter().where((p) => `org_id = ${p}`, orgId).where((p) => `webhook_id = ${p}`, webhookId);
+  if (filter.status !== undefined) where.where((p) => `status = ${p}`, filter.status);
+  if (filter.eventId !== undefined) where.where((p) => `event_id = ${p}`, filter.eventId);
+  const { sql, params } = where.page(page);
+  const rows = await q.query<DeliveryRow>(`SELECT * FROM webhook_deliveries ${sql}`, params);
   const shown = rows.slice(0, page.limit).map((row) => row.id);
   const attempts = shown.length ? await q.query<AttemptRow>(
     `SELECT * FROM (

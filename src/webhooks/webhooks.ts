@@ -12,7 +12,7 @@ import { Type } from 'typebox';
 import type { Database, Queryable } from '../db/database.ts';
 import { EVENT_TYPES } from '../events/events.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
-import { keysetCondition, toPage, type PageRequest } from '../http/pagination.ts';
+import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { assertPublicUrl } from '../net/outbound.ts';
 
@@ -165,10 +165,8 @@ export async function getWebhook(q: Queryable, orgId: string, webhookId: string)
 
 /** One page of the organisation's webhooks, newest first. */
 export async function listWebhooks(q: Queryable, orgId: string, page: PageRequest) {
-  const after = keysetCondition(page, 2);
-  const rows = await q.query<WebhookRow>(
-    `SELECT * FROM webhooks WHERE org_id = $1 AND ${after.sql}
-     ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, [orgId, ...after.params]);
+  const { sql, params } = new PageFilter().where((p) => `org_id = ${p}`, orgId).page(page);
+  const rows = await q.query<WebhookRow>(`SELECT * FROM webhooks ${sql}`, params);
   return toPage(rows, page, webhookView);
 }
 

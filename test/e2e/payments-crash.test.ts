@@ -21,13 +21,13 @@ import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test, type TestContext } from 'node:test';
 import { address, createSolanaRpc, generateKeyPairSigner, type Address, type Signature } from '@solana/kit';
 import pg from 'pg';
 import { findAssociatedTokenAddress } from '../../src/chain/program.ts';
+import { freePort, stopProcess } from '../processes.ts';
 
 const ROOT = join(import.meta.dirname, '..', '..');
 const START_TIMEOUT_MS = 60_000;
@@ -97,25 +97,6 @@ async function startValidator(dataDir: string, slotMs: number): Promise<Running 
   const running = await spawnUntil(['validator', '--port', String(port)],
     { ...baseEnv(dataDir, null), AGENT_VAULT_SLOT_MS: String(slotMs) }, /"msg":"local validator ready","url":"([^"]+)"/);
   return { ...running, url: running.ready[1]! };
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-function stop(child: ChildProcess, signal: NodeJS.Signals): Promise<number | null> {
-  if (child.exitCode !== null || child.signalCode !== null) return Promise.resolve(child.exitCode);
-  return new Promise((resolve) => {
-    child.once('exit', (code) => resolve(code));
-    child.kill(signal);
-  });
 }
 
 /** A fresh PostgreSQL database for one scenario when DATABASE_URL is set; null = PGlite. */
@@ -266,7 +247,7 @@ async function killWhilePending(serve: Running & { baseUrl: string }, load: Load
       someConfirmed ||= (await list('confirmed')).body.data.length > 0;
       const pending = await list('pending');
       if (someConfirmed && pending.status === 200 && pending.body.data.length > 0) {
-        await stop(serve.child, 'SIGKILL');
+        await stopProcess(serve.child, { signal: 'SIGKILL' });
         load.stop();
         return pending.body.data.map((row) => row.tx_id);
       }
@@ -408,13 +389,13 @@ async function runScenario(t: TestContext, external: boolean): Promise<void> {
       await assertMatchesChain(validator.url, observed, recipients);
     } else {
       // The embedded chain is read through its own JSON-RPC: the service stops, a validator opens its state.
-      assert.equal(await stop(second.child, 'SIGTERM'), 0, 'serve stops gracefully');
+      assert.equal(await stopProcess(second.child), 0, 'serve stops gracefully');
       const reader = await startValidator(dataDir, 400);
       processes.push(reader.child);
       await assertMatchesChain(reader.url, observed, recipients);
     }
   } finally {
-    for (const child of processes.reverse()) await stop(child, 'SIGTERM');
+    for (const child of processes.reverse()) await stopProcess(child);
     await database.drop();
     rmSync(dataDir, { recursive: true, force: true });
     rmSync(validatorDir, { recursive: true, force: true });
