@@ -25,6 +25,7 @@ import {
   type SolanaRpcApi,
 } from '@solana/kit';
 import * as program from './program.ts';
+import { FastSigner } from './signing.ts';
 
 export type SolanaRpc = Rpc<SolanaRpcApi>;
 
@@ -137,6 +138,7 @@ export class ChainClient {
   readonly #atas = new Map<string, Promise<Address>>();
   readonly #waiters = new Map<Signature, Waiter[]>();
   readonly #prepared = new Set<Signature>();
+  readonly #signer: FastSigner;
   #pollTimer: NodeJS.Timeout | null = null;
   #polling = false;
 
@@ -149,6 +151,7 @@ export class ChainClient {
     if (this.arbiter.address === this.operator.address) throw new Error('the arbiter key must differ from the operator key');
     this.#pollIntervalMs = options.pollIntervalMs ?? 100;
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
+    this.#signer = new FastSigner([this.operator, this.arbiter]);
   }
 
   // -------------------------------------------------------------------------------------------
@@ -354,6 +357,8 @@ export class ChainClient {
       (m) => setTransactionMessageLifetimeUsingBlockhash(lifetime, m),
       (m) => appendTransactionMessageInstructions(instructions, m),
     );
+    const fast = this.#signer.sign(message);
+    if (fast) return { ...fast, lastValidBlockHeight: lifetime.lastValidBlockHeight };
     const signed = await signTransactionMessageWithSigners(message);
     return {
       signature: getSignatureFromTransaction(signed),

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { getBase58Decoder } from '@solana/kit';
-import { decodeBase58, encodeBase58 } from './base58.ts';
+import { decodeBase58, encodeBase58 } from '../chain/base58.ts';
 import { stringifyJson } from './json.ts';
 import { MalformedTransactionError, parseWireTransaction } from './wire.ts';
 

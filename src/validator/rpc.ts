@@ -7,7 +7,7 @@
  * `handle` takes and returns JSON text (the HTTP server).
  */
 import { isAddress, type Address, type Signature } from '@solana/kit';
-import { decodeBase58, encodeBase58 } from './base58.ts';
+import { decodeBase58, encodeBase58 } from '../chain/base58.ts';
 import { stringifyJson } from './json.ts';
 import type { TransactionErrorJson } from './transaction-error.ts';
 import type { TokenBalance } from './transaction-store.ts';

@@ -41,7 +41,7 @@ import {
 import { OffsetClock, ManualClock, type Clock } from '../clock/clock.ts';
 import { referenceMemoIx } from '../chain/client.ts';
 import { generateSecretKey, loadOrCreateKeyFile } from '../chain/operator-key.ts';
-import { decodeBase58, encodeBase58 } from './base58.ts';
+import { decodeBase58, encodeBase58 } from '../chain/base58.ts';
 import { deployUpgradeableProgram, PROGRAMDATA_METADATA_SIZE, UPGRADEABLE_LOADER } from './loader.ts';
 import { acquireLock, readSnapshot, writeSnapshot, type SnapshotMeta } from './state-file.ts';
 import { describeTransactionError, transactionErrorJson, type TransactionErrorJson } from './transaction-error.ts';

@@ -3,7 +3,7 @@
  * keys, blockhash, instructions) without building @solana/kit objects: this runs once per
  * submitted transaction, on the hot path.
  */
-import { decodeBase58, encodeBase58 } from './base58.ts';
+import { decodeBase58, encodeBase58 } from '../chain/base58.ts';
 
 /** Solana's packet limit: a wire transaction is at most 1232 bytes. */
 export const MAX_TRANSACTION_BYTES = 1232;
