@@ -9,6 +9,7 @@ import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { insertApiKey } from '../organizations/organizations.ts';
+import { forgetApiKey } from '../http/auth.ts';
 
 export const KEY_NAME_MAX = 100;
 /** At least one visible character and no control characters (names are printed in tables). */
@@ -122,7 +123,7 @@ export async function listApiKeys(db: Queryable, orgId: string, page: PageReques
  * through the API again.
  */
 export async function revokeApiKey(db: Database, nowMs: number, orgId: string, apiKeyId: string): Promise<ApiKeyRow> {
-  return db.transaction(async (tx) => {
+  const revoked = await db.transaction(async (tx) => {
     // One revocation at a time per organisation, so two admins revoking each other's keys
     // cannot both pass the last-admin check. NO KEY UPDATE leaves inserts referencing the
     // organisation (new keys, wallets) unblocked.
@@ -143,4 +144,6 @@ export async function revokeApiKey(db: Database, nowMs: number, orgId: string, a
       [orgId, apiKeyId, new Date(nowMs)]);
     return rows[0]!;
   });
+  forgetApiKey(db, apiKeyId);
+  return revoked;
 }

@@ -7,6 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique } from '../../test/fixtures.ts';
+import { hashApiKey } from '../auth/api-keys.ts';
 import { requestHash } from '../http/idempotency.ts';
 
 async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
@@ -378,5 +379,23 @@ describe('payments under concurrency', () => {
     assert.equal(retried.body.status, 'confirmed');
     assert.equal(await countRows(t, wallet.wallet_id), 1);
     assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+  });
+
+  test('a key revoked elsewhere (another node, the CLI) pays nothing, even while this process still has it cached', async () => {
+    const wallet = await fundedWallet(t, '5');
+    const key = await t.createKey('operator');
+    const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', waitForConfirmation: false };
+    const first = await t.request('POST', '/v1/payments', { key, body });
+    assert.equal(first.status, 200, JSON.stringify(first.body));
+    // Revoked in the database directly, as another process would: this process's key cache does not hear of it.
+    await t.service.ctx.db.query('UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1', [hashApiKey(key)]);
+    const { walletId: _inPath, ...aliasBody } = body;
+    const refused = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/pay`, { key, body: aliasBody });
+    assert.equal(refused.status, 401, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'authentication_failed');
+    assert.equal(await countRows(t, wallet.wallet_id), 1, 'only the first payment is recorded');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+    const read = await t.request('GET', `/v1/wallets/${wallet.wallet_id}`, { key });
+    assert.equal(read.status, 401, 'a route without the payment\'s own check reads the key every time');
   });
 });

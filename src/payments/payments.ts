@@ -21,6 +21,7 @@ import { GroupCommit, type BatchOutcome } from '../db/group-commit.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { recordEvent, recordEvents, type NewEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
+import { invalidKeyError } from '../http/auth.ts';
 import { canonicalJson, type RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
@@ -168,9 +169,10 @@ const SIGN_ATTEMPTS_MAX = 5;
  * Makes a payment. Returns the recorded row (pending, confirmed, failed, or blocked with its
  * violation); throws ServiceError for refusals that record nothing. `wallet`, when the caller
  * has just read it, saves reading it again before signing (the decision reads it under lock).
+ * `keyId`, the API key paying: the payment is recorded only if that key is still live then.
  */
 export async function pay(
-  ctx: Ctx, orgId: string, input: PaymentInput, options: { wait: boolean; mark?: RecordMarker; wallet?: WalletRow },
+  ctx: Ctx, orgId: string, input: PaymentInput, options: { wait: boolean; mark?: RecordMarker; wallet?: WalletRow; keyId?: string },
 ): Promise<PaymentOutcome> {
   const recipient = await resolveRecipient(ctx.db, orgId, input.to, input.category);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
@@ -189,6 +191,7 @@ export async function pay(
     const prepared = await ctx.chain.prepare(await payInstructions(ctx, unlocked, txId, recipient.address, input.amount, attestation));
     const decided = await recorderOf(ctx).submit({
       orgId, input, recipient, signedForPolicy: unlocked.policy_id, txId, attestation, prepared, mark: options.mark,
+      keyId: options.keyId ?? null,
     });
     if (decided.kind === 'resign') continue; // signed for another policy account: sign again
     if (decided.kind === 'blocked') return { row: decided.row, violation: decided.violation };
@@ -209,6 +212,8 @@ interface PaymentToRecord {
   attestation: string;
   prepared: PreparedTransaction;
   mark: RecordMarker | undefined;
+  /** the API key paying; checked live in the recording transaction (its lookup may be cached) */
+  keyId: string | null;
 }
 
 type Decided =
@@ -247,6 +252,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
     const policyKeys = new Map([...wallets.values()].map((w) => [policyKey(w.org_id, w.policy_id), { orgId: w.org_id, policyId: w.policy_id }]));
     const policies = await findPolicies(tx, [...policyKeys.values()]);
     const windows = await spendWindowsOf(tx, [...wallets.keys()], nowMs);
+    const liveKeys = await liveKeyIds(tx, items);
 
     const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
     const inserts: NewTransaction[] = [];
@@ -255,7 +261,8 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
     for (const item of items) {
       const { input, recipient } = item;
       const wallet = wallets.get(input.walletId);
-      const refusal = !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
+      const refusal = item.keyId !== null && !liveKeys.has(item.keyId) ? invalidKeyError()
+        : !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
         : wallet.status === 'archived' ? archivedError(wallet)
           : wallet.status === 'frozen' ? frozenError(wallet) : null;
       if (refusal || !wallet) {
@@ -313,6 +320,14 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       ? { ok: true as const, value: { kind: 'recorded' as const, row: rows[outcome.recorded]!, awaiting: outcome.awaiting } }
       : outcome));
   });
+}
+
+/** The API keys of a batch's payments that are not revoked, read in the batch's transaction. */
+async function liveKeyIds(tx: Queryable, items: readonly PaymentToRecord[]): Promise<Set<string>> {
+  const keyIds = [...new Set(items.flatMap((item) => (item.keyId === null ? [] : [item.keyId])))];
+  if (keyIds.length === 0) return new Set();
+  const rows = await tx.query<{ id: string }>('SELECT id FROM api_keys WHERE id = ANY($1::text[]) AND revoked_at IS NULL', [keyIds]);
+  return new Set(rows.map((row) => row.id));
 }
 
 /**

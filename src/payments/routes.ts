@@ -99,11 +99,11 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       operation: 'payments.create', params: { ...input, currency: body.currency }, nowMs: ctx.clock.nowMs(),
       // After a crash: the payment as it stands now (the reconciler settles it meanwhile).
       recover: async (txId) => answer(outcomeOf(await getTransaction(ctx.db, principal.orgId, txId))),
-    }, async (mark) => answer(await pay(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark, wallet })));
+    }, async (mark) => answer(await pay(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark, wallet, keyId: principal.keyId })));
   };
 
   app.post('/v1/payments', {
-    config: { permission: 'pay' },
+    config: { permission: 'pay', cachedKey: true },
     schema: {
       tags: ['Payments'], summary: 'Pay from a wallet, checked against its policy first',
       description: 'An `agent` key must send the wallet\'s `Session-Token`. A policy violation is 402 with `violation`; '
@@ -117,7 +117,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
   });
 
   app.post('/v1/wallets/:wallet_id/pay', {
-    config: { permission: 'pay' },
+    config: { permission: 'pay', cachedKey: true },
     schema: {
       tags: ['Payments'], summary: 'Pay from this wallet (the same as POST /v1/payments)',
       params: Type.Object({ wallet_id: Type.String({ maxLength: 64 }) }),
