@@ -49,7 +49,6 @@ export function hashApiKey(key: string): string {
   return createHash('sha256').update(key, 'utf8').digest('hex');
 }
 
-/** What identifies a key in lists without revealing it. */
 /**
  * What lists show of a key: its role part and 4 more characters (`av_admin_x7Kq`), never more
  * than 16 characters and always at least 16 hidden — a bootstrap key of any shape stays secret.

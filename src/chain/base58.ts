@@ -1,6 +1,7 @@
 /**
- * Base58 (Bitcoin alphabet) for the hot path: every transaction's signature is encoded once when
- * it is queued and decoded once per status lookup. @solana/kit's codec is correct but about five
+ * Base58 (Bitcoin alphabet) for the hot path: the chain client's signer decodes each address once
+ * and encodes each signature; the validator encodes every transaction's signature when it is
+ * queued and decodes it once per status lookup. @solana/kit's codec is correct but about five
  * times slower on 64-byte signatures, which matters at thousands of transactions per second.
  */
 const ALPHABET = '123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz';

@@ -139,7 +139,6 @@ function pendingEventOf(row: TransactionRow): NewEvent {
   };
 }
 
-/** Counts the spend, debits the balance and marks the row sent-to-be; the wallet row is locked. */
 /**
  * Counts a spend in the windows and debits the vault (its row is locked). The spend's row must
  * carry `spend_at_ms = nowMs` (written with it), so the windows can take it out again.
