@@ -99,7 +99,8 @@ const commands: Record<string, Command> = {
       return withOperatorDatabase(config, async (db, clock) => {
         const { connectChain } = await import('./chain/connect.ts');
         const { createOrganizationCommand } = await import('./organizations/command.ts');
-        const chain = await connectChain(config, clock, () => {});
+        const { default: pino } = await import('pino');
+        const chain = await connectChain(config, clock, pino({ level: 'silent' }));
         try {
           console.log(await createOrganizationCommand({ db, clock, chain: chain.chain }, { name }));
         } finally {

@@ -47,7 +47,7 @@ export async function buildService(config: Config, options: BuildServiceOptions 
     const applied = await migrate(db);
     if (applied.length) logger.info({ applied }, 'migrations applied');
     const clock = await ServiceClock.load(db);
-    chain = await connectChain(config, clock, (msg, data) => logger.info(data ?? {}, msg));
+    chain = await connectChain(config, clock, logger);
     const ctx: AppContext = {
       config, db, clock, chain: chain.chain, validator: chain.validator, cheatcodes: chain.cheatcodes, log: logger,
     };

@@ -1,7 +1,7 @@
 /**
  * A whole service for a test: real database (PGlite in memory, or a fresh schema of the
  * PostgreSQL at DATABASE_URL), the embedded local validator with our program (slots of 0 ms
- * by default), the default organisation with a known admin key. Requests go through
+ * by default, on the test's thread), the default organisation with a known admin key. Requests go through
  * Fastify's inject, i.e. the real HTTP stack without a socket.
  */
 import { randomBytes } from 'node:crypto';
@@ -49,6 +49,9 @@ export async function startTestService(options: { env?: Record<string, string>; 
   const config = loadConfig({
     AGENT_VAULT_DATA_DIR: dataDir,
     AGENT_VAULT_SLOT_MS: '0',
+    // On this thread, where a test can reach it (ctx.validator); src/validator/thread.test.ts
+    // runs the service with it in its own thread, as `serve` does by default.
+    AGENT_VAULT_VALIDATOR_THREAD: 'off',
     AGENT_VAULT_BOOTSTRAP_KEY: ADMIN_KEY,
     AGENT_VAULT_RATE_LIMIT_PER_MINUTE: '100000',
     AGENT_VAULT_DOCS_URL: 'https://docs.agent-vault.test',

@@ -4,11 +4,13 @@
  * one code path either way.
  */
 import { join } from 'node:path';
-import { address, createSolanaRpc, lamports, type Rpc, type SolanaRpcApi } from '@solana/kit';
-import type { Clock } from '../clock/clock.ts';
+import { address, createSolanaRpc, createSolanaRpcFromTransport, lamports, type Rpc, type SolanaRpcApi } from '@solana/kit';
+import type { Logger } from 'pino';
+import { OffsetClock, type Clock } from '../clock/clock.ts';
 import type { Config } from '../config/config.ts';
 import { createInProcessRpc } from '../validator/in-process.ts';
 import type { AgentVaultRpcApi } from '../validator/rpc.ts';
+import { ValidatorThread } from '../validator/thread.ts';
 import { LocalValidator } from '../validator/validator.ts';
 import { ChainClient } from './client.ts';
 import { loadOperatorKey, loadOrCreateKeyFile } from './operator-key.ts';
@@ -17,8 +19,11 @@ export const ARBITER_KEY_FILE = 'arbiter-key.json';
 /** Below this the operator (and arbiter) are topped up on a local validator: they pay fees and rent. */
 const LOCAL_MIN_LAMPORTS = 100_000_000_000n;
 
+export type ChainLogger = Pick<Logger, 'debug' | 'info' | 'warn' | 'error'>;
+
 export interface ChainConnection {
   chain: ChainClient;
+  /** the embedded validator when it runs on this thread; null in its own thread or elsewhere */
   validator: LocalValidator | null;
   /** a local validator (embedded or standalone): its agentVault_* cheatcodes answer */
   local: boolean;
@@ -26,25 +31,47 @@ export interface ChainConnection {
   close(): Promise<void>;
 }
 
-export async function connectChain(config: Config, clock: Clock, log: (msg: string, data?: object) => void): Promise<ChainConnection> {
+/**
+ * The embedded validator runs in its own thread (validator/thread.ts) when `validatorThread` is
+ * on and the clock can be shared with it (an OffsetClock, such as the service clock); otherwise
+ * on this thread, where tests can reach it (`ChainConnection.validator`).
+ */
+export async function connectChain(config: Config, clock: Clock, logger: ChainLogger): Promise<ChainConnection> {
   const operator = await loadOperatorKey({ dataDir: config.dataDir, secretKey: config.operatorKey ?? undefined });
   const arbiter = await loadOrCreateKeyFile(join(config.dataDir, ARBITER_KEY_FILE));
   let validator: LocalValidator | null = null;
+  let thread: ValidatorThread | null = null;
   let rpc: Rpc<SolanaRpcApi & AgentVaultRpcApi>;
+  const validatorLog = ({ level, msg, ...data }: Record<string, unknown>): void => {
+    const write = level === 'error' ? logger.error : level === 'warn' ? logger.warn : level === 'debug' ? logger.debug : logger.info;
+    write.call(logger, { ...data, component: 'validator' }, String(msg));
+  };
+  const validatorOptions = { dataDir: join(config.dataDir, 'validator'), slotMs: config.slotMs, log: validatorLog };
   if (config.rpcUrl) {
     rpc = createSolanaRpc(config.rpcUrl) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
+  } else if (config.validatorThread && clock instanceof OffsetClock) {
+    thread = await ValidatorThread.start({ ...validatorOptions, offsetCell: clock.offsetCell });
+    rpc = createSolanaRpcFromTransport(thread.transport()) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
   } else {
-    validator = await LocalValidator.open({ dataDir: join(config.dataDir, 'validator'), slotMs: config.slotMs, clock });
+    validator = await LocalValidator.open({ ...validatorOptions, clock });
     rpc = createInProcessRpc(validator) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
   }
+  const embedded = validator?.info() ?? thread?.info ?? null;
+  const closeValidator = async (): Promise<void> => {
+    await validator?.close();
+    await thread?.close();
+  };
   try {
-    let programId = config.programId ?? validator?.programId ?? null;
-    let usdcMint = config.usdcMint ?? validator?.usdcMint ?? null;
-    let local = validator !== null;
-    if (!validator) {
+    let programId = config.programId ?? embedded?.programId ?? null;
+    let usdcMint = config.usdcMint ?? embedded?.usdcMint ?? null;
+    let local = embedded !== null;
+    /** a local validator's slot length; null on a real cluster */
+    let localSlotMs = embedded?.slotMs ?? null;
+    if (!embedded) {
       try {
         const info = await rpc.agentVault_getInfo().send();
         local = true;
+        localSlotMs = Number(info.slotMs);
         programId ??= info.programId;
         usdcMint ??= info.usdcMint;
       } catch {
@@ -58,7 +85,10 @@ export async function connectChain(config: Config, clock: Clock, log: (msg: stri
       rpc, programId: address(programId), usdcMint: address(usdcMint), operator, arbiter,
       // In-process a status poll is cheap: every 20 ms, so a confirmation is seen soon after its
       // slot. Over the network, at most a tenth of a second.
-      pollIntervalMs: validator !== null ? 20 : Math.max(10, Math.min(100, Math.floor(config.slotMs / 4) || 10)),
+      pollIntervalMs: embedded !== null ? 20 : Math.max(10, Math.min(100, Math.floor(config.slotMs / 4) || 10)),
+      // A blockhash is valid for 150 slots: with short local slots (slot 0 means notional 400 ms
+      // slots) it is reused for at most a third of that.
+      ...(localSlotMs ? { blockhashMaxAgeMs: Math.min(5_000, localSlotMs * 50) } : {}),
     });
     if (local) {
       for (const key of [operator.address, arbiter.address]) {
@@ -66,16 +96,17 @@ export async function connectChain(config: Config, clock: Clock, log: (msg: stri
         if (value < LOCAL_MIN_LAMPORTS) await rpc.requestAirdrop(key, lamports(LOCAL_MIN_LAMPORTS * 10n)).send();
       }
     }
-    log('chain connected', { rpc: config.rpcUrl ?? 'embedded', programId, usdcMint, operator: operator.address, local });
+    logger.info({ rpc: config.rpcUrl ?? (thread ? 'embedded (own thread)' : 'embedded'), programId, usdcMint, operator: operator.address, local },
+      'chain connected');
     return {
       chain, validator, local, cheatcodes: local ? rpc : null,
       async close() {
         chain.close();
-        await validator?.close();
+        await closeValidator();
       },
     };
   } catch (error) {
-    await validator?.close();
+    await closeValidator();
     throw error;
   }
 }

@@ -14,6 +14,8 @@ export interface Config {
   /** a Solana cluster; null = the embedded local validator */
   rpcUrl: string | null;
   slotMs: number;
+  /** the embedded validator in its own worker thread (off: on the service's event loop) */
+  validatorThread: boolean;
   testHelpers: boolean;
   allowPrivateWebhooks: boolean;
   docsUrl: string;
@@ -111,6 +113,7 @@ export function loadConfig(env: Env = process.env): Config {
     bootstrapKey,
     rpcUrl,
     slotMs: integer(env, 'AGENT_VAULT_SLOT_MS', 400, 0, 60_000),
+    validatorThread: flag(env, 'AGENT_VAULT_VALIDATOR_THREAD', true),
     testHelpers: flag(env, 'AGENT_VAULT_TEST_HELPERS', rpcUrl === null),
     allowPrivateWebhooks: flag(env, 'AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS', false),
     // By default the reference this process serves itself (a wildcard host is reached on loopback).

@@ -1,0 +1,132 @@
+/**
+ * The embedded validator in its own worker thread, as `serve` runs it by default: payments
+ * settle through it, the business clock is one clock for both threads, it refuses to open a
+ * state another validator holds, and closing it persists what it executed.
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { Worker } from 'node:worker_threads';
+import { address, signature as toSignature, type Rpc, type SolanaRpcApi } from '@solana/kit';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { balanceOf, fundedWallet, newRecipient } from '../../test/fixtures.ts';
+import { OffsetClock } from '../clock/clock.ts';
+import { createInProcessRpc } from './in-process.ts';
+import { ValidatorThread } from './thread.ts';
+import { LocalValidator } from './validator.ts';
+
+const DAY_S = 24 * 60 * 60;
+
+describe('OffsetClock shared with another thread', () => {
+  test('an advance in either thread moves both clocks; the offset never goes back', async () => {
+    const clock = new OffsetClock(5_000);
+    const worker = new Worker(`
+      const { parentPort, workerData } = require('node:worker_threads');
+      const cell = new BigInt64Array(workerData, 0, 1);
+      parentPort.once('message', () => { Atomics.add(cell, 0, 60000n); parentPort.postMessage(String(Atomics.load(cell, 0))); });
+    `, { eval: true, workerData: clock.offsetCell });
+    const seen = new Promise<string>((resolve) => worker.once('message', resolve));
+    clock.advance(1);
+    worker.postMessage('go');
+    assert.equal(await seen, '66000', 'the worker saw the advance made here');
+    assert.equal(clock.offsetMs, 66_000, 'this thread sees the worker\'s advance');
+    await worker.terminate();
+    const twin = new OffsetClock(clock.offsetCell);
+    twin.setAtLeast(Date.now() + 1_000);
+    assert.equal(clock.offsetMs, 66_000, 'setAtLeast to an earlier time leaves the offset');
+    twin.setAtLeast(Date.now() + 120_000);
+    assert.ok(clock.offsetMs >= 120_000 && clock.offsetMs <= 121_000, `the twin moved the shared offset (${clock.offsetMs})`);
+  });
+});
+
+describe('the embedded validator in its own thread', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService({ env: { AGENT_VAULT_VALIDATOR_THREAD: 'on', AGENT_VAULT_SLOT_MS: '100' } }); });
+  after(async () => { await t.close(); });
+
+  test('a payment is sent, confirmed at a slot boundary of the thread and lands on chain', async () => {
+    assert.equal(t.service.ctx.validator, null, 'the validator is not on the test\'s thread');
+    const wallet = await fundedWallet(t, '10');
+    const to = await newRecipient();
+    const paid = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '2.5', currency: 'USDC' } });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    assert.equal(paid.body.status, 'confirmed');
+    assert.equal(typeof paid.body.on_chain_slot, 'number');
+    assert.equal(await t.service.ctx.chain.getUsdcBalance(address(to)), 2_500_000n);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '7.50');
+  });
+
+  test('the test clock moves the chain\'s clock, and the chain\'s setTime moves the service clock', async () => {
+    const advanced = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: DAY_S } });
+    assert.equal(advanced.status, 200, JSON.stringify(advanced.body));
+    const wallet = await fundedWallet(t, '1');
+    const paid = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
+    assert.equal(paid.body.status, 'confirmed', JSON.stringify(paid.body));
+    const rpc = t.service.ctx.cheatcodes as unknown as Rpc<SolanaRpcApi>;
+    const landed = await rpc.getTransaction(toSignature(paid.body.tx_signature), {
+      encoding: 'json', maxSupportedTransactionVersion: 0,
+    }).send();
+    const blockTimeMs = Number(landed!.blockTime) * 1000;
+    assert.ok(blockTimeMs >= Date.now() + (DAY_S - 60) * 1000, `block time ${new Date(blockTimeMs).toISOString()} is a day ahead`);
+
+    const target = t.service.ctx.clock.nowMs() + 3_600_000;
+    await t.service.ctx.cheatcodes!.agentVault_setTime(target).send();
+    assert.ok(t.service.ctx.clock.nowMs() >= target, 'the service clock moved with the chain\'s');
+  });
+});
+
+describe('short slots', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService({ env: { AGENT_VAULT_VALIDATOR_THREAD: 'on', AGENT_VAULT_SLOT_MS: '10' } }); });
+  after(async () => { await t.close(); });
+
+  test('a payment made after 150 slots (1.5 s) signs with a blockhash that is still valid', async () => {
+    const wallet = await fundedWallet(t, '2');
+    const first = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
+    assert.equal(first.body.status, 'confirmed', JSON.stringify(first.body));
+    await new Promise((resolve) => setTimeout(resolve, 1_700));
+    const second = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
+    assert.equal(second.body.status, 'confirmed', JSON.stringify(second.body));
+  });
+});
+
+describe('ValidatorThread', () => {
+  test('refuses a state another validator holds, with that validator\'s reason', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    const holder = await LocalValidator.open({ dataDir, slotMs: 0, clock: new OffsetClock(), programSoPath: null });
+    try {
+      await assert.rejects(ValidatorThread.start({ dataDir, slotMs: 0, programSoPath: null, offsetCell: new OffsetClock().offsetCell }),
+        /in use by pid/);
+    } finally {
+      await holder.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  test('closing persists what it executed; answering after close is refused', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    try {
+      const thread = await ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell });
+      const transport = thread.transport();
+      const owner = await newRecipient();
+      const minted = await transport<{ result: string }>({ payload: { jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [owner, '4200000'] } });
+      assert.match(minted.result, /^[1-9A-HJ-NP-Za-km-z]{64,88}$/, JSON.stringify(minted));
+      await thread.close();
+      await assert.rejects(transport({ payload: { jsonrpc: '2.0', id: 2, method: 'getSlot', params: [] } }), /stopped/);
+
+      const reopened = await LocalValidator.open({ dataDir, slotMs: 0, clock: new OffsetClock(), programSoPath: null });
+      try {
+        assert.equal(reopened.usdcMint, thread.info.usdcMint, 'the same chain');
+        const account = await reopened.associatedTokenAddress(address(owner));
+        const { value } = await createInProcessRpc(reopened).getTokenAccountBalance(account).send();
+        assert.equal(value.amount, '4200000', 'the mint queued before close executed and was persisted');
+      } finally {
+        await reopened.close();
+      }
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+});
