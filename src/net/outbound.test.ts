@@ -137,7 +137,20 @@ describe('fetchGuarded against a local server', () => {
       response.end('z'.repeat(1000));
     },
     '/reset': (request) => { request.socket.destroy(); },
+    // Answers only the first request of each connection; a later one finds it closed.
+    '/first-per-connection': (request, response) => {
+      const served = (servedOn.get(request.socket) ?? 0) + 1;
+      servedOn.set(request.socket, served);
+      if (served > 1) {
+        request.socket.destroy();
+        return;
+      }
+      response.writeHead(200);
+      response.end('ok');
+    },
   };
+  const servedOn = new WeakMap<object, number>();
+  let connections = 0;
 
   before(async () => {
     server = createServer((request, response) => {
@@ -150,6 +163,7 @@ describe('fetchGuarded against a local server', () => {
         else { response.writeHead(404); response.end(); }
       });
     });
+    server.on('connection', () => { connections += 1; });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     port = (server.address() as AddressInfo).port;
     base = `http://127.0.0.1:${port}`;
@@ -178,6 +192,22 @@ describe('fetchGuarded against a local server', () => {
     assert.equal(response.headers['x-answer'], '42');
     assert.deepEqual(JSON.parse(response.body.toString('utf8')), { method: 'POST', host: `127.0.0.1:${port}`, header: 'yes', body: 'héllo' });
     assert.ok(Number.isInteger(response.latencyMs) && response.latencyMs >= 0, 'latency is a whole number of milliseconds');
+  });
+
+  test('a connection is kept alive and reused by the next call to the same vetted address', async () => {
+    await fetchGuarded(`${base}/echo`, allowed);
+    const opened = connections;
+    for (let i = 0; i < 3; i += 1) assert.equal((await fetchGuarded(`${base}/echo`, allowed)).status, 201);
+    assert.equal(connections, opened, 'no new connection for three more calls');
+  });
+
+  test('a kept-alive connection the server closed meanwhile is replaced by a new one, not reported as a failure', async () => {
+    const first = await fetchGuarded(`${base}/first-per-connection`, allowed);
+    assert.equal(first.status, 200);
+    const opened = connections;
+    const second = await fetchGuarded(`${base}/first-per-connection`, allowed);
+    assert.equal(second.status, 200, 'answered on a new connection');
+    assert.equal(connections, opened + 1, 'the closed connection was replaced once');
   });
 
   test('a private target is refused before any request when private targets are not allowed', async () => {

@@ -5,11 +5,12 @@
  * and again on every address DNS gives at call time. The connection then goes to a vetted
  * address only, so a name that re-resolves between the check and the connect (DNS rebinding)
  * cannot reach anything that was not checked. Redirects are returned, never followed; every
- * call has a total deadline and a body size cap.
+ * call has a total deadline and a body size cap. Connections are kept alive for a moment and
+ * reused only by calls whose vetted addresses are the very same (`agentFor`).
  */
 import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
-import { request as httpRequest, type IncomingHttpHeaders } from 'node:http';
-import { request as httpsRequest } from 'node:https';
+import { Agent as HttpAgent, request as httpRequest, type IncomingHttpHeaders } from 'node:http';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import { BlockList, isIP, type LookupFunction } from 'node:net';
 import { ServiceError } from '../errors/errors.ts';
 
@@ -256,8 +257,68 @@ export async function fetchGuarded(url: string, options: OutboundRequest): Promi
   return send(target, host, addresses, options, remainingMs, startedMs);
 }
 
-function send(
+// ---------------------------------------------------------------------------------------------
+// Keep-alive connections
+
+/** Destinations whose idle connections are kept (least recently used dropped first). */
+const POOL_DESTINATIONS_MAX = 256;
+/** Connections open at once to one destination; further calls wait for one (within their deadline). */
+const POOL_SOCKETS_PER_DESTINATION = 16;
+/** An idle connection is closed after this: below the 5 s keep-alive of common servers (Node's), so the server rarely closes it first. */
+const POOL_IDLE_MS = 2_000;
+const agents = new Map<string, HttpAgent>();
+
+/**
+ * The keep-alive agent of one destination: scheme, host, port and the exact set of addresses
+ * vetted for this call. A pooled connection was opened to one of those addresses by an earlier
+ * call that vetted the same set, so reusing it skips no check; when DNS answers otherwise, the
+ * call gets another agent and new connections.
+ */
+function agentFor(https: boolean, host: string, port: string | number, addresses: readonly LookupAddress[]): HttpAgent {
+  const key = `${https ? 'https' : 'http'} ${host} ${port} ${addresses.map((entry) => entry.address).sort().join(',')}`;
+  let agent = agents.get(key);
+  if (agent) {
+    agents.delete(key); // re-inserted below: the map's order is the recency order
+  } else {
+    const options = { keepAlive: true, maxSockets: POOL_SOCKETS_PER_DESTINATION, maxFreeSockets: POOL_SOCKETS_PER_DESTINATION, timeout: POOL_IDLE_MS };
+    agent = https ? new HttpsAgent(options) : new HttpAgent(options);
+    if (agents.size >= POOL_DESTINATIONS_MAX) {
+      const [oldestKey, oldest] = agents.entries().next().value!;
+      agents.delete(oldestKey);
+      oldest.destroy();
+    }
+  }
+  agents.set(key, agent);
+  return agent;
+}
+
+/**
+ * Sends on a kept-alive connection; if the server had closed that connection just before it was
+ * reused (a reset before any answer), once more on a new one. The receiver may then see the
+ * request twice, which at-least-once delivery allows.
+ */
+async function send(
   target: URL, host: string, addresses: readonly LookupAddress[], options: OutboundRequest, remainingMs: number, startedMs: number,
+): Promise<OutboundResponse> {
+  try {
+    return await sendOnce(target, host, addresses, options, remainingMs, startedMs, true);
+  } catch (error) {
+    const retryMs = startedMs + options.timeoutMs - performance.now();
+    if (!(error instanceof StaleConnectionError) || retryMs <= 0) throw error instanceof StaleConnectionError ? error.failure : error;
+    return sendOnce(target, host, addresses, options, retryMs, startedMs, false);
+  }
+}
+
+/** A reused connection failed before any answer: the server had closed it. */
+class StaleConnectionError extends Error {
+  constructor(readonly failure: OutboundError) {
+    super(failure.message);
+  }
+}
+
+function sendOnce(
+  target: URL, host: string, addresses: readonly LookupAddress[], options: OutboundRequest, remainingMs: number, startedMs: number,
+  pooled: boolean,
 ): Promise<OutboundResponse> {
   const https = target.protocol === 'https:';
   const headers: Record<string, string> = { ...options.headers };
@@ -272,7 +333,8 @@ function send(
       clearTimeout(timer);
       outcome();
     };
-    const fail = (error: OutboundError): void => settle(() => { reject(error); request.destroy(); });
+    let answered = false;
+    const fail = (error: OutboundError | StaleConnectionError): void => settle(() => { reject(error); request.destroy(); });
     const timer = setTimeout(() => fail(new OutboundError('timeout', `no complete answer within ${options.timeoutMs} ms`)), remainingMs);
 
     const request = (https ? httpsRequest : httpRequest)({
@@ -282,12 +344,12 @@ function send(
       path: `${target.pathname}${target.search}`,
       method: options.method ?? 'GET',
       headers,
-      // A fresh connection per call: a pooled socket would skip the address check of this call.
-      agent: false,
+      agent: pooled ? agentFor(https, host, target.port, addresses) : false,
       lookup: pinnedLookup(addresses),
       // TLS names the host (SNI and certificate check), not the address connected to.
       ...(https && !isIP(host) ? { servername: host } : {}),
     }, (response) => {
+      answered = true;
       const declared = Number(response.headers['content-length']);
       if (Number.isFinite(declared) && declared > options.maxBytes) {
         fail(new OutboundError('too_large', `the response body (${declared} bytes) is larger than ${options.maxBytes} bytes`));
@@ -309,8 +371,11 @@ function send(
       response.on('error', () => fail(new OutboundError('network', 'the connection broke while reading the response')));
       response.on('close', () => fail(new OutboundError('network', 'the connection closed before the response was complete')));
     });
-    request.on('error', (error: NodeJS.ErrnoException) =>
-      fail(new OutboundError('network', `the request failed (${error.code ?? 'connection error'})`)));
+    request.on('error', (error: NodeJS.ErrnoException) => {
+      const failure = new OutboundError('network', `the request failed (${error.code ?? 'connection error'})`);
+      const stale = request.reusedSocket && !answered && (error.code === 'ECONNRESET' || error.code === 'EPIPE');
+      fail(stale ? new StaleConnectionError(failure) : failure);
+    });
     request.end(options.body);
   });
 }
