@@ -3,6 +3,7 @@
  * transaction as the change. The activity feed and webhook deliveries read from here.
  */
 import type { Queryable } from '../db/database.ts';
+import { Params } from '../db/params.ts';
 import { newId } from '../ids/ids.ts';
 
 export const EVENT_TYPES = [
@@ -60,15 +61,21 @@ export async function recordEvent(tx: Queryable, nowMs: number, event: NewEvent)
 /** Writes several events in one statement. */
 export async function recordEvents(tx: Queryable, nowMs: number, events: readonly NewEvent[]): Promise<EventRecord[]> {
   if (events.length === 0) return [];
+  const params = new Params();
+  const insert = recordEventsSql(params, nowMs, events);
+  await tx.query(insert.sql, params.values);
+  return insert.records;
+}
+
+/** The INSERT of several events, its placeholders taken from `params` (a part of a larger statement). */
+export function recordEventsSql(params: Params, nowMs: number, events: readonly NewEvent[]): { sql: string; records: EventRecord[] } {
   const createdAt = new Date(nowMs);
   const records = events.map((event) => ({ id: newId('evt', nowMs), type: event.type, createdAt }));
-  await tx.query(
-    `INSERT INTO events (id, org_id, type, wallet_id, severity, summary, payload, created_at)
-     SELECT r.*, $7::timestamptz FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $8::jsonb[])
-       AS r(id, org_id, type, wallet_id, severity, summary, payload)`,
-    [records.map((r) => r.id), events.map((e) => e.orgId), events.map((e) => e.type), events.map((e) => e.walletId ?? null),
-      events.map((e) => severityOf(e.type, e.payload)), events.map((e) => e.summary), createdAt,
-      events.map((e) => JSON.stringify(e.payload))],
-  );
-  return records;
+  const column = (type: string, pick: (e: NewEvent) => unknown) => params.array(type, events.map(pick));
+  const sql = `INSERT INTO events (id, org_id, type, wallet_id, severity, summary, payload, created_at)
+     SELECT r.*, ${params.add(createdAt)}::timestamptz FROM unnest(${params.array('text', records.map((r) => r.id))},
+       ${column('text', (e) => e.orgId)}, ${column('text', (e) => e.type)}, ${column('text', (e) => e.walletId ?? null)},
+       ${column('text', (e) => severityOf(e.type, e.payload))}, ${column('text', (e) => e.summary)},
+       ${column('jsonb', (e) => JSON.stringify(e.payload))}) AS r(id, org_id, type, wallet_id, severity, summary, payload)`;
+  return { sql, records };
 }

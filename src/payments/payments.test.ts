@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { balanceOf, fundedWallet, newPolicy, newRecipient, unique } from '../../test/fixtures.ts';
+import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { requestHash } from '../http/idempotency.ts';
 
@@ -340,6 +340,43 @@ describe('payments under concurrency', () => {
       await assertVaultConsistent(t, wallet.wallet_id, funded);
     }
     assert.equal(await countRows(t, capped.wallet_id, 'blocked'), 1, 'the blocked payment is recorded');
+  });
+
+  test('payments written together: each one sent has its transaction.pending, one awaiting its co-signature has none', async () => {
+    const plain = await fundedWallet(t, '10');
+    const cosigned = await fundedWallet(t, '10', await newPolicy(t, { requireCoSign: '2' }));
+    const requests: Array<[FundedWallet, string]> = [[plain, '1'], [cosigned, '1'], [plain, '2.5'], [cosigned, '3'], [plain, '0.25'], [cosigned, '2']];
+    const responses = await Promise.all(requests.map(async ([wallet, amount]) => t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to: await newRecipient(), amount, currency: 'USDC', waitForConfirmation: false },
+    })));
+    assert.deepEqual(responses.map((r) => r.status), requests.map(() => 200), 'every payment is recorded');
+    const sent = responses.filter((r) => r.body.tx_signature !== null).map((r) => r.body);
+    assert.equal(sent.length, 5, 'all but the one above the co-sign threshold are sent');
+    const announced = await Promise.all([plain, cosigned].map(async (wallet) =>
+      (await t.request('GET', `/v1/events?type=transaction.pending&walletId=${wallet.wallet_id}&limit=100`)).body.data as Array<{
+        wallet_id: string; severity: string; summary: string; details: Record<string, unknown>;
+      }>));
+    const byTx = (a: Record<string, unknown>, b: Record<string, unknown>) => String(a.tx_id).localeCompare(String(b.tx_id));
+    assert.deepEqual(
+      announced.flat().map((e) => ({ wallet_id: e.wallet_id, severity: e.severity, summary: e.summary, ...e.details })).sort(byTx),
+      sent.map((p) => ({
+        wallet_id: p.wallet_id, severity: 'info', summary: `Payment of ${p.amount} USDC to ${p.recipient} submitted`,
+        tx_id: p.tx_id, amount: p.amount, recipient: p.recipient, tx_signature: p.tx_signature,
+      })).sort(byTx),
+      'one transaction.pending a payment sent, naming it, its amount, recipient and signature');
+    assert.equal(await balanceOf(t, plain.wallet_id), '6.25', 'each vault is debited what it sent');
+    assert.equal(await balanceOf(t, cosigned.wallet_id), '7.00', 'the one awaiting its co-signature is not debited');
+  });
+
+  test('the rolling hour frees the velocity cap an hour after each payment', async () => {
+    const wallet = await fundedWallet(t, '10', await newPolicy(t, { velocityCap: 2 }));
+    assert.deepEqual((await burst(wallet.wallet_id, 2, '1')).map((r) => r.status), [200, 200], 'two payments an hour');
+    const capped = await burst(wallet.wallet_id, 1, '1');
+    assert.equal(capped[0]!.body.error?.violation?.rule, 'velocity_cap', JSON.stringify(capped[0]!.body));
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 3600 } });
+    const back = await burst(wallet.wallet_id, 3, '1');
+    assert.deepEqual(back.map((r) => r.status).sort(), [200, 200, 402], 'an hour on, two more and no more');
+    await assertVaultConsistent(t, wallet.wallet_id, 10_000_000n);
   });
 
   test('20 concurrent identical idempotent requests make one payment', async () => {

@@ -18,22 +18,23 @@ import { alertLargeTransactions, alertPolicyViolation } from '../automation/auto
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { GroupCommit, type BatchOutcome } from '../db/group-commit.ts';
+import { Params } from '../db/params.ts';
 import { ServiceError } from '../errors/errors.ts';
-import { recordEvent, recordEvents, type NewEvent } from '../events/events.ts';
+import { recordEvent, recordEvents, recordEventsSql, type NewEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { invalidKeyError } from '../http/auth.ts';
 import { canonicalJson, type RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
-import { findPolicies, findPolicy, policyKey, rulesOf } from '../policies/policies.ts';
+import { RULE_COLUMNS, findPolicy, rulesOf, type RuleColumns } from '../policies/policies.ts';
 import { resolveRecipient, type ResolvedRecipient } from '../recipients/recipients.ts';
 import {
-  awaitSettlement, insertTransaction, insertTransactions, registerSettlementRule, type NewTransaction, type TransactionRow,
+  awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
 import { archivedError, assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
 import { evaluate, type Violation } from './policy-engine.ts';
 import {
-  saveSpendWindows, saveSpendWindowsOf, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
+  saveSpendWindows, saveSpendWindowsSql, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
 } from './spend-state.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -128,13 +129,13 @@ async function writeBlockedEvent(
 }
 
 /** `transaction.pending`: the payment is debited and about to be submitted (SPEC: submitted, not yet confirmed). */
-function pendingEventOf(row: TransactionRow): NewEvent {
+function pendingEventOf(t: Pick<NewTransaction, 'orgId' | 'walletId' | 'amount' | 'recipient' | 'signature'> & { id: string }): NewEvent {
   return {
-    orgId: row.org_id, type: 'transaction.pending', walletId: row.wallet_id,
-    summary: `Payment of ${formatUsdc(row.amount)} USDC to ${row.recipient} submitted`,
+    orgId: t.orgId, type: 'transaction.pending', walletId: t.walletId,
+    summary: `Payment of ${formatUsdc(t.amount)} USDC to ${t.recipient} submitted`,
     payload: {
-      wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), recipient: row.recipient,
-      tx_signature: row.tx_signature,
+      wallet_id: t.walletId, tx_id: t.id, amount: formatUsdc(t.amount), recipient: t.recipient,
+      tx_signature: t.signature,
     },
   };
 }
@@ -235,27 +236,32 @@ function recorderOf(ctx: Ctx): GroupCommit<PaymentToRecord, Decided> {
 }
 
 /**
+ * A vault's row as a batch locks it, with the rules of its policy (`has_policy` false: the policy
+ * is deleted, or the vault's policy changed while the lock was awaited — see `lockWallets`).
+ */
+type LockedWallet = WalletRow & RuleColumns & { has_policy: boolean };
+
+/** What a vault spent in a batch, and whether its last payment there was blocked. */
+interface Spent { amount: bigint; lastBlocked: boolean }
+
+/**
  * Decides and records a batch of payments in one database transaction, in their order: the
  * vaults' rows are locked (by id, the lock order everywhere), each payment is checked against
  * its vault as the payments before it left it — frozen, the policy against the spend windows
  * at this instant, the balance — and then every accepted one is recorded `pending`, debited and
- * counted, with its `transaction.pending`, in a few statements for the whole batch. A refusal
- * is that payment's answer only; a blocked one is recorded with its violation.
+ * counted, with its `transaction.pending`, in one statement for the whole batch. A refusal is
+ * that payment's answer only; a blocked one is recorded with its violation.
  */
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
-    const walletIds = [...new Set(items.map((item) => item.input.walletId))].sort();
-    const wallets = new Map((await tx.query<WalletRow>(
-      'SELECT * FROM wallets WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE', [walletIds])).map((w) => [w.id, w]));
-    const policyKeys = new Map([...wallets.values()].map((w) => [policyKey(w.org_id, w.policy_id), { orgId: w.org_id, policyId: w.policy_id }]));
-    const policies = await findPolicies(tx, [...policyKeys.values()]);
+    const wallets = await lockWallets(tx, items.map((item) => item.input.walletId));
     const windows = await spendWindowsOf(tx, [...wallets.keys()], nowMs);
     const liveKeys = await liveKeyIds(tx, items);
 
     const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
-    const inserts: NewTransaction[] = [];
-    const spent = new Map<string, { amount: bigint; lastBlocked: boolean }>();
+    const inserts: Array<NewTransaction & { id: string }> = [];
+    const spent = new Map<string, Spent>();
     const counted = new Map<string, SpendWindows>();
     for (const item of items) {
       const { input, recipient } = item;
@@ -272,10 +278,9 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         outcomes.push({ ok: true, value: { kind: 'resign' } });
         continue;
       }
-      const policy = policies.get(policyKey(wallet.org_id, wallet.policy_id));
-      if (!policy) throw new Error(`wallet ${wallet.id} has no policy ${wallet.policy_id}`);
+      if (!wallet.has_policy) throw new Error(`wallet ${wallet.id} has no policy ${wallet.policy_id}`);
       const current = counted.get(wallet.id) ?? windows.get(wallet.id)!;
-      const decision = evaluate(rulesOf(policy), spendStateOf(current), {
+      const decision = evaluate(rulesOf(wallet), spendStateOf(current), {
         amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
       });
       if (!decision.allowed) {
@@ -311,14 +316,27 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       outcomes.push({ recorded: inserts.length - 1, awaiting });
     }
 
-    const rows = await insertTransactions(tx, nowMs, inserts);
-    await saveSpendWindowsOf(tx, counted);
-    await debitWallets(tx, nowMs, spent);
-    await recordEvents(tx, nowMs, rows.filter((row) => row.tx_signature !== null).map(pendingEventOf));
+    const rows = await recordAccepted(tx, nowMs, inserts, counted, spent);
     return outcomes.map((outcome) => ('recorded' in outcome
       ? { ok: true as const, value: { kind: 'recorded' as const, row: rows[outcome.recorded]!, awaiting: outcome.awaiting } }
       : outcome));
   });
+}
+
+/**
+ * Locks the vaults' rows, by id, and reads their policies' rules in the same statement. One that
+ * waited for a lock answers the locked row as it is now but a joined row as it was when the
+ * statement began: a policy change takes no vault lock, so the rules are those of a moment
+ * before, as if the payment had come first (the spend windows, written under the vault's lock,
+ * are read after it, in a statement of their own). The join is outer so that a vault moved to
+ * another policy meanwhile is still answered, and signed again.
+ */
+async function lockWallets(tx: Queryable, walletIds: readonly string[]): Promise<Map<string, LockedWallet>> {
+  const rows = await tx.query<LockedWallet>(
+    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS} FROM wallets w
+     LEFT JOIN policies p ON p.org_id = w.org_id AND p.id = w.policy_id AND p.deleted_at IS NULL
+     WHERE w.id = ANY($1::text[]) ORDER BY w.id FOR UPDATE OF w`, [[...new Set(walletIds)].sort()]);
+  return new Map(rows.map((w) => [w.id, w]));
 }
 
 /** The API keys of a batch's payments that are not revoked, read in the batch's transaction. */
@@ -330,17 +348,39 @@ async function liveKeyIds(tx: Queryable, items: readonly PaymentToRecord[]): Pro
 }
 
 /**
- * Debits each vault by what it spent in the batch; a vault whose last payment went through is
- * no longer in violation (one whose last was blocked stays so).
+ * Records a batch's accepted payments in one statement: their rows, the spends counted in the
+ * windows, the vaults debited, and `transaction.pending` of each one signed to be sent (not
+ * awaiting its co-signature). The parts write different tables and none reads what another
+ * writes (each sees the tables as they were before the statement). Answers the rows in the
+ * order of `inserts`.
  */
-async function debitWallets(tx: Queryable, nowMs: number, spent: ReadonlyMap<string, { amount: bigint; lastBlocked: boolean }>): Promise<void> {
-  if (spent.size === 0) return;
+async function recordAccepted(
+  tx: Queryable, nowMs: number, inserts: ReadonlyArray<NewTransaction & { id: string }>,
+  counted: ReadonlyMap<string, SpendWindows>, spent: ReadonlyMap<string, Spent>,
+): Promise<TransactionRow[]> {
+  if (inserts.length === 0) return [];
+  const sent = inserts.filter((t) => t.signature !== null).map(pendingEventOf);
+  const params = new Params();
+  const recorded = insertTransactionsSql(params, nowMs, inserts);
+  const rows = await tx.query<TransactionRow>(
+    `WITH recorded AS (${recorded.sql} RETURNING *),
+       counted AS (${saveSpendWindowsSql(params, counted)}),
+       debited AS (${debitWalletsSql(params, nowMs, spent)}),
+       announced AS (${recordEventsSql(params, nowMs, sent).sql})
+     SELECT * FROM recorded`, params.values);
+  return recorded.inOrder(rows);
+}
+
+/**
+ * The UPDATE debiting each vault by what it spent in the batch; a vault whose last payment went
+ * through is no longer in violation (one whose last was blocked stays so).
+ */
+function debitWalletsSql(params: Params, nowMs: number, spent: ReadonlyMap<string, Spent>): string {
   const all = [...spent];
-  await tx.query(
-    `UPDATE wallets w SET balance = w.balance - d.amount, last_transaction_at = $4,
+  return `UPDATE wallets w SET balance = w.balance - d.amount, last_transaction_at = ${params.add(new Date(nowMs))},
        policy_violation_at = CASE WHEN d.last_blocked THEN w.policy_violation_at ELSE NULL END
-     FROM unnest($1::text[], $2::bigint[], $3::boolean[]) AS d(id, amount, last_blocked) WHERE w.id = d.id`,
-    [all.map(([id]) => id), all.map(([, s]) => String(s.amount)), all.map(([, s]) => s.lastBlocked), new Date(nowMs)]);
+     FROM unnest(${params.array('text', all.map(([id]) => id))}, ${params.array('bigint', all.map(([, s]) => String(s.amount)))},
+       ${params.array('boolean', all.map(([, s]) => s.lastBlocked))}) AS d(id, amount, last_blocked) WHERE w.id = d.id`;
 }
 
 /** Sends a recorded payment; with `wait`, answers it as the chain settled it. */
@@ -428,7 +468,9 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
         [txId, prepared.signature, prepared.lastValidBlockHeight,
           JSON.stringify({ status: 'approved', decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs), nowMs]);
       await commitSpend(tx, nowMs, wallet, row.amount, windows);
-      await recordEvent(tx, nowMs, pendingEventOf({ ...row, tx_signature: prepared.signature }));
+      await recordEvent(tx, nowMs, pendingEventOf({
+        id: row.id, orgId: row.org_id, walletId: row.wallet_id!, amount: row.amount, recipient: row.recipient, signature: prepared.signature,
+      }));
       return { approved: true };
     });
     if (decided === null) continue;

@@ -7,8 +7,9 @@
  * Callers hold the wallet's row lock: the state is read, moved and written under it.
  */
 import type { Queryable } from '../db/database.ts';
+import { Params } from '../db/params.ts';
 import {
-  DAY_MS, HOUR_MS, addToWindow, leavingRange, monthKey, slideWindow, type Spend, type SpendState, type WindowState,
+  DAY_MS, HOUR_MS, addToWindow, monthKey, slideWindow, type Spend, type SpendState, type WindowState,
 } from './policy-engine.ts';
 
 export interface SpendWindows {
@@ -28,51 +29,46 @@ interface SpendWindowsRow {
   month_sum: bigint;
 }
 
-interface LeavingRange { walletId: string; afterMs: number; throughMs: number }
-
-/** The spends of each range, by the range's index (one query for all of them). */
-async function leavingSpends(q: Queryable, ranges: readonly LeavingRange[]): Promise<Spend[][]> {
-  const leaving: Spend[][] = ranges.map(() => []);
-  if (ranges.length === 0) return leaving;
-  const rows = await q.query<{ range: bigint; spend_at_ms: bigint; amount: bigint }>(
-    `SELECT r.range, t.spend_at_ms, t.amount
-     FROM unnest($1::text[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS r(wallet_id, after_ms, through_ms, range)
-     JOIN transactions t ON t.wallet_id = r.wallet_id AND t.spend_at_ms > r.after_ms AND t.spend_at_ms <= r.through_ms`,
-    [ranges.map((r) => r.walletId), ranges.map((r) => String(r.afterMs)), ranges.map((r) => String(r.throughMs))]);
-  for (const row of rows) leaving[Number(row.range) - 1]!.push({ atMs: Number(row.spend_at_ms), amount: row.amount });
-  return leaving;
-}
+/**
+ * The spends leaving the day or hour window of the row `s` (a lateral part of the read below):
+ * those `leavingRange` names, made after the window last moved and no later than its new start
+ * `throughMs` (a placeholder). `leaving` names the window.
+ */
+const leavingSpends = (window: 'day' | 'hour', throughMs: string): string =>
+  `SELECT '${window}' AS leaving, t.spend_at_ms, t.amount FROM transactions t
+   WHERE s.${window}_count > 0 AND t.wallet_id = s.wallet_id
+     AND t.spend_at_ms > s.${window}_removed_through_ms AND t.spend_at_ms <= ${throughMs}::bigint`;
 
 /**
- * The windows of several vaults as they stand at `atMs` (moved forward; nothing written): one
- * read of their rows and one of the spends leaving them, whatever the number of vaults.
+ * The windows of several vaults as they stand at `atMs` (moved forward; nothing written), in
+ * one statement whatever the number of vaults: a stored row comes once for each spend leaving
+ * its windows (once with none).
  */
 export async function spendWindowsOf(q: Queryable, walletIds: readonly string[], atMs: number): Promise<Map<string, SpendWindows>> {
-  const rows = await q.query<SpendWindowsRow & { wallet_id: string }>(
-    'SELECT * FROM spend_windows WHERE wallet_id = ANY($1::text[])', [walletIds]);
-  const stored = new Map(rows.map((row) => [row.wallet_id, row]));
+  const rows = await q.query<SpendWindowsRow & { wallet_id: string; leaving: 'day' | 'hour' | null; spend_at_ms: bigint | null; amount: bigint | null }>(
+    `SELECT s.*, l.leaving, l.spend_at_ms, l.amount FROM spend_windows s
+     LEFT JOIN LATERAL (${leavingSpends('day', '$2')} UNION ALL ${leavingSpends('hour', '$3')}) l ON TRUE
+     WHERE s.wallet_id = ANY($1::text[])`,
+    [walletIds, String(atMs - DAY_MS), String(atMs - HOUR_MS)]);
+  const stored = new Map<string, SpendWindowsRow>();
+  const leaving = new Map<string, Spend[]>();
+  for (const row of rows) {
+    stored.set(row.wallet_id, row);
+    if (row.leaving === null) continue;
+    const window = `${row.wallet_id}/${row.leaving}`;
+    if (!leaving.has(window)) leaving.set(window, []);
+    leaving.get(window)!.push({ atMs: Number(row.spend_at_ms), amount: row.amount! });
+  }
   const key = monthKey(atMs);
   const windows = new Map<string, SpendWindows>();
-  const ranges: Array<LeavingRange & { window: 'day' | 'hour' }> = [];
   for (const walletId of new Set(walletIds)) {
     const row = stored.get(walletId);
     const day: WindowState = { sum: row?.day_sum ?? 0n, count: row?.day_count ?? 0, removedThroughMs: Number(row?.day_removed_through_ms ?? 0n) };
     const hour: WindowState = { sum: row?.hour_sum ?? 0n, count: row?.hour_count ?? 0, removedThroughMs: Number(row?.hour_removed_through_ms ?? 0n) };
-    const month = row && row.month_key === key ? { key, sum: row.month_sum } : { key, sum: 0n };
-    windows.set(walletId, { day, hour, month });
-    for (const [window, state, windowMs] of [['day', day, DAY_MS], ['hour', hour, HOUR_MS]] as const) {
-      const range = leavingRange(state, atMs, windowMs);
-      if (range && state.count > 0) ranges.push({ walletId, window, ...range });
-    }
-  }
-  const leaving = await leavingSpends(q, ranges);
-  const byRange = new Map(ranges.map((r, i) => [`${r.walletId}/${r.window}`, leaving[i]!]));
-  const leavingOf = (walletId: string, window: 'day' | 'hour'): Spend[] => byRange.get(`${walletId}/${window}`) ?? [];
-  for (const [walletId, w] of windows) {
     windows.set(walletId, {
-      day: slideWindow(w.day, atMs, DAY_MS, leavingOf(walletId, 'day')),
-      hour: slideWindow(w.hour, atMs, HOUR_MS, leavingOf(walletId, 'hour')),
-      month: w.month,
+      day: slideWindow(day, atMs, DAY_MS, leaving.get(`${walletId}/day`) ?? []),
+      hour: slideWindow(hour, atMs, HOUR_MS, leaving.get(`${walletId}/hour`) ?? []),
+      month: row && row.month_key === key ? { key, sum: row.month_sum } : { key, sum: 0n },
     });
   }
   return windows;
@@ -98,18 +94,23 @@ export async function saveSpendWindows(tx: Queryable, walletId: string, w: Spend
 /** Writes the windows of several vaults in one statement. */
 export async function saveSpendWindowsOf(tx: Queryable, windows: ReadonlyMap<string, SpendWindows>): Promise<void> {
   if (windows.size === 0) return;
+  const params = new Params();
+  await tx.query(saveSpendWindowsSql(params, windows), params.values);
+}
+
+/** The upsert of several vaults' windows, its placeholders taken from `params` (a part of a larger statement). */
+export function saveSpendWindowsSql(params: Params, windows: ReadonlyMap<string, SpendWindows>): string {
   const all = [...windows];
-  const column = (pick: (w: SpendWindows) => bigint | number | string) => all.map(([, w]) => String(pick(w)));
-  await tx.query(
-    `INSERT INTO spend_windows (wallet_id, day_sum, day_count, day_removed_through_ms, hour_sum, hour_count,
+  const column = (type: string, pick: (w: SpendWindows) => bigint | number | string) => params.array(type, all.map(([, w]) => String(pick(w))));
+  return `INSERT INTO spend_windows (wallet_id, day_sum, day_count, day_removed_through_ms, hour_sum, hour_count,
        hour_removed_through_ms, month_key, month_sum)
-     SELECT * FROM unnest($1::text[], $2::bigint[], $3::int[], $4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::text[], $9::bigint[])
+     SELECT * FROM unnest(${params.array('text', all.map(([walletId]) => walletId))}, ${column('bigint', (w) => w.day.sum)},
+       ${column('int', (w) => w.day.count)}, ${column('bigint', (w) => w.day.removedThroughMs)}, ${column('bigint', (w) => w.hour.sum)},
+       ${column('int', (w) => w.hour.count)}, ${column('bigint', (w) => w.hour.removedThroughMs)}, ${column('text', (w) => w.month.key)},
+       ${column('bigint', (w) => w.month.sum)})
      ON CONFLICT (wallet_id) DO UPDATE SET day_sum = excluded.day_sum, day_count = excluded.day_count,
        day_removed_through_ms = excluded.day_removed_through_ms, hour_sum = excluded.hour_sum, hour_count = excluded.hour_count,
-       hour_removed_through_ms = excluded.hour_removed_through_ms, month_key = excluded.month_key, month_sum = excluded.month_sum`,
-    [all.map(([walletId]) => walletId), column((w) => w.day.sum), column((w) => w.day.count), column((w) => w.day.removedThroughMs),
-      column((w) => w.hour.sum), column((w) => w.hour.count), column((w) => w.hour.removedThroughMs),
-      column((w) => w.month.key), column((w) => w.month.sum)]);
+       hour_removed_through_ms = excluded.hour_removed_through_ms, month_key = excluded.month_key, month_sum = excluded.month_sum`;
 }
 
 /**

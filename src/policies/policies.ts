@@ -57,8 +57,12 @@ export interface Actor {
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 
-const COLUMNS = `p.org_id, p.id, p.name, p.is_preset, p.max_per_tx, p.max_per_day, p.max_per_month, p.velocity_cap,
-  p.allowed_recipients, p.blocked_categories, p.require_co_sign, p.expiry, p.chain_address, p.chain_status, p.revision,
+/** What `rulesOf` reads, of a policy joined as `p` (the recording of payments reads it with the vaults). */
+export const RULE_COLUMNS = `p.max_per_tx, p.max_per_day, p.max_per_month, p.velocity_cap, p.allowed_recipients,
+  p.blocked_categories, p.require_co_sign, p.expiry`;
+export type RuleColumns = Pick<PolicyRow,
+  'max_per_tx' | 'max_per_day' | 'max_per_month' | 'velocity_cap' | 'allowed_recipients' | 'blocked_categories' | 'require_co_sign' | 'expiry'>;
+const COLUMNS = `p.org_id, p.id, p.name, p.is_preset, ${RULE_COLUMNS}, p.chain_address, p.chain_status, p.revision,
   p.created_at, p.updated_at, p.deleted_at`;
 /** Vaults attached: archived ones are frozen for good and do not hold a policy in use. */
 const WALLET_COUNT = `(SELECT count(*) FROM wallets w
@@ -81,23 +85,11 @@ export async function findPolicy(
   return rows[0] ?? null;
 }
 
-/** Several policies at once, keyed `org_id/id`; deleted ones are left out. */
-export async function findPolicies(
-  q: Queryable, keys: ReadonlyArray<{ orgId: string; policyId: string }>,
-): Promise<Map<string, PolicyRow>> {
-  const rows = await q.query<PolicyRow>(
-    `SELECT ${COLUMNS} FROM policies p JOIN unnest($1::text[], $2::text[]) AS k(org_id, id) ON p.org_id = k.org_id AND p.id = k.id
-     WHERE p.deleted_at IS NULL`, [keys.map((k) => k.orgId), keys.map((k) => k.policyId)]);
-  return new Map(rows.map((row) => [policyKey(row.org_id, row.id), row]));
-}
-
-export const policyKey = (orgId: string, policyId: string): string => `${orgId}/${policyId}`;
-
 export function policyNotFound(policyId: string): ServiceError {
   return new ServiceError('policy_not_found', `No policy ${policyId} in your organisation.`, { param: 'policy_id' });
 }
 
-export function rulesOf(row: PolicyRow): PolicyRules {
+export function rulesOf(row: RuleColumns): PolicyRules {
   return {
     maxPerTx: row.max_per_tx,
     maxPerDay: row.max_per_day,

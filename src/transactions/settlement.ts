@@ -14,6 +14,7 @@ import type { Signature } from '@solana/kit';
 import type { TransactionOutcome } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { GroupCommit } from '../db/group-commit.ts';
+import { Params } from '../db/params.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { newId } from '../ids/ids.ts';
@@ -91,26 +92,40 @@ const text = (value: bigint | number | null | undefined): string | null => (valu
 /** Records several transactions in one statement; answers their rows in the order given. */
 export async function insertTransactions(tx: Queryable, nowMs: number, list: readonly NewTransaction[]): Promise<TransactionRow[]> {
   if (list.length === 0) return [];
-  const now = new Date(nowMs).toISOString();
+  const params = new Params();
+  const insert = insertTransactionsSql(params, nowMs, list);
+  return insert.inOrder(await tx.query<TransactionRow>(`${insert.sql} RETURNING *`, params.values));
+}
+
+/**
+ * The INSERT of several transactions, its placeholders taken from `params` (a part of a larger
+ * statement); `inOrder` puts the rows it returns in the order given.
+ */
+export function insertTransactionsSql(
+  params: Params, nowMs: number, list: readonly NewTransaction[],
+): { sql: string; inOrder(rows: readonly TransactionRow[]): TransactionRow[] } {
   const ids = list.map((t) => t.id ?? newId('tx', nowMs));
-  const column = <T>(pick: (t: NewTransaction) => T) => list.map(pick);
-  const rows = await tx.query<TransactionRow>(
-    `INSERT INTO transactions (id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
+  const now = params.add(new Date(nowMs).toISOString());
+  const column = (type: string, pick: (t: NewTransaction) => unknown) => params.array(type, list.map(pick));
+  const sql = `INSERT INTO transactions (id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
        tx_signature, last_valid_block_height, batch_id, escrow_id, recipient_address, category, policy_triggered, approval,
        approval_expires_at, spend_at_ms, violation, created_at, updated_at)
-     SELECT r.*, $22::timestamptz, $22::timestamptz FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[],
-       $6::bigint[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[], $14::text[],
-       $15::text[], $16::text[], $17::boolean[], $18::jsonb[], $19::timestamptz[], $20::bigint[], $21::jsonb[]) AS r
-     RETURNING *`,
-    [ids, column((t) => t.orgId), column((t) => t.walletId), column((t) => t.type), column((t) => t.status ?? 'pending'),
-      column((t) => String(t.amount)), column((t) => t.recipient), column((t) => t.policyId ?? null), column((t) => t.memo ?? null),
-      column((t) => t.attestationHash ?? null), column((t) => t.signature), column((t) => text(t.lastValidBlockHeight)),
-      column((t) => t.batchId ?? null), column((t) => t.escrowId ?? null), column((t) => t.recipientAddress ?? null),
-      column((t) => t.category ?? null), column((t) => t.policyTriggered ?? false), column((t) => json(t.approval)),
-      column((t) => t.approvalExpiresAt?.toISOString() ?? null), column((t) => text(t.spendAtMs)), column((t) => json(t.violation)),
-      now]);
-  const byId = new Map(rows.map((row) => [row.id, row]));
-  return ids.map((id) => byId.get(id)!);
+     SELECT r.*, ${now}::timestamptz, ${now}::timestamptz FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
+       ${column('text', (t) => t.walletId)}, ${column('text', (t) => t.type)}, ${column('text', (t) => t.status ?? 'pending')},
+       ${column('bigint', (t) => String(t.amount))}, ${column('text', (t) => t.recipient)}, ${column('text', (t) => t.policyId ?? null)},
+       ${column('text', (t) => t.memo ?? null)}, ${column('text', (t) => t.attestationHash ?? null)}, ${column('text', (t) => t.signature)},
+       ${column('bigint', (t) => text(t.lastValidBlockHeight))}, ${column('text', (t) => t.batchId ?? null)},
+       ${column('text', (t) => t.escrowId ?? null)}, ${column('text', (t) => t.recipientAddress ?? null)},
+       ${column('text', (t) => t.category ?? null)}, ${column('boolean', (t) => t.policyTriggered ?? false)},
+       ${column('jsonb', (t) => json(t.approval))}, ${column('timestamptz', (t) => t.approvalExpiresAt?.toISOString() ?? null)},
+       ${column('bigint', (t) => text(t.spendAtMs))}, ${column('jsonb', (t) => json(t.violation))}) AS r`;
+  return {
+    sql,
+    inOrder(rows) {
+      const byId = new Map(rows.map((row) => [row.id, row]));
+      return ids.map((id) => byId.get(id)!);
+    },
+  };
 }
 
 /** What a settled transaction does to balances and which event it writes. */
