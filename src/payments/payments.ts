@@ -27,11 +27,13 @@ import { canonicalJson, type RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { RULE_COLUMNS, findPolicy, rulesOf, type RuleColumns } from '../policies/policies.ts';
-import { resolveRecipient, type ResolvedRecipient } from '../recipients/recipients.ts';
+import { recipientLookup, resolveRecipient, type ResolvedRecipient } from '../recipients/recipients.ts';
 import {
   awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
-import { archivedError, assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
+import {
+  WALLET_SELECT, archivedError, assertNotArchived, lockWallet, walletNotFound, type WalletRow, type WalletWithPolicy,
+} from '../wallets/wallets.ts';
 import { evaluate, type Violation } from './policy-engine.ts';
 import {
   saveSpendWindows, saveSpendWindowsSql, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
@@ -172,9 +174,10 @@ const SIGN_ATTEMPTS_MAX = 5;
  * `keyId`, the API key paying: the payment is recorded only if that key is still live then.
  */
 export async function pay(
-  ctx: Ctx, orgId: string, input: PaymentInput, options: { wait: boolean; mark?: RecordMarker; wallet?: WalletRow; keyId?: string },
+  ctx: Ctx, orgId: string, input: PaymentInput,
+  options: { wait: boolean; mark?: RecordMarker; wallet?: WalletRow; recipient?: () => ResolvedRecipient; keyId?: string },
 ): Promise<PaymentOutcome> {
-  const recipient = await resolveRecipient(ctx.db, orgId, input.to, input.category);
+  const recipient = options.recipient?.() ?? await resolveRecipient(ctx.db, orgId, input.to, input.category);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
     let unlocked = attempt === 0 ? options.wallet : undefined;
     if (!unlocked) {
@@ -199,6 +202,28 @@ export async function pay(
     return { row: await send(ctx, prepared, decided.row, options.wait), violation: null };
   }
   throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
+}
+
+/**
+ * What a payment request reads before it is signed, in one statement: the paying vault (with its
+ * policy, as `getWallet` answers it; null when the organisation has none of that id) and the
+ * directory entry of `to`. `recipient()` resolves `to` from it, or throws `invalid_recipient`:
+ * called when the payment is made (not for an idempotent replay), after the vault was checked.
+ */
+export async function readPayment(
+  q: Queryable, orgId: string, walletId: string, to: string, category: string | null,
+): Promise<{ wallet: WalletWithPolicy | null; recipient: () => ResolvedRecipient }> {
+  const params = new Params();
+  const org = params.add(orgId);
+  const lookup = recipientLookup(params, org, to, category);
+  const entryColumns = 'r.id AS recipient_entry_id, r.address AS recipient_entry_address, r.category AS recipient_entry_category';
+  const [row] = await q.query<WalletWithPolicy & { recipient_entry_id: string | null; recipient_entry_address: string; recipient_entry_category: string | null }>(
+    `SELECT w.*${lookup.sql === null ? '' : `, ${entryColumns}`} FROM (${WALLET_SELECT} WHERE w.org_id = ${org} AND w.id = ${params.add(walletId)}) w
+     ${lookup.sql === null ? '' : `LEFT JOIN LATERAL (${lookup.sql}) r ON TRUE`}`, params.values);
+  if (!row) return { wallet: null, recipient: () => lookup.resolve(undefined) };
+  const { recipient_entry_id: id, recipient_entry_address: address, recipient_entry_category: entryCategory, ...wallet } = row;
+  const entry = id === null || id === undefined ? undefined : { id, address, category: entryCategory };
+  return { wallet: wallet as WalletWithPolicy, recipient: () => lookup.resolve(entry) };
 }
 
 /** A signed payment on its way to being decided and recorded. */

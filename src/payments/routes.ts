@@ -10,12 +10,11 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
-import { resolveRecipient } from '../recipients/recipients.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
 import { TransactionView, getTransaction, transactionView } from '../transactions/views.ts';
-import { assertNotArchived, assertVaultAccess, getWallet } from '../wallets/wallets.ts';
+import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
 import { SpendingView, spendingOf } from './budgets.ts';
-import { MEMO_MAX_CHARS, approvePayment, pay, rejectPayment, type PaymentOutcome } from './payments.ts';
+import { MEMO_MAX_CHARS, approvePayment, pay, readPayment, rejectPayment, type PaymentOutcome } from './payments.ts';
 import { evaluate } from './policy-engine.ts';
 import { spendStateOf, spendWindowsAt } from './spend-state.ts';
 
@@ -62,11 +61,15 @@ function assertUsdc(currency: string): void {
 export function paymentRoutes(app: App, ctx: AppContext): void {
   const view = (row: TransactionRow) => ({ ...transactionView(row, ctx), signature: row.tx_signature });
 
-  /** An `agent` key pays only from the vault whose session token it shows. */
-  const authorizeVault = async (principal: Principal, walletId: string, sessionToken: unknown) => {
-    const wallet = await getWallet(ctx.db, principal.orgId, walletId);
+  /**
+   * The vault a request pays from, checked to exist and to be this key's to pay from (an `agent`
+   * key only from the vault whose session token it shows), and the resolution of its `to`.
+   */
+  const readRequest = async (principal: Principal, walletId: string, to: string, category: string | null, sessionToken: unknown) => {
+    const { wallet, recipient } = await readPayment(ctx.db, principal.orgId, walletId, to, category);
+    if (!wallet) throw walletNotFound(walletId);
     assertVaultAccess(principal, wallet, typeof sessionToken === 'string' ? sessionToken : undefined, ctx.clock.nowMs());
-    return wallet;
+    return { wallet, recipient };
   };
 
   const outcomeOf = (row: TransactionRow): PaymentOutcome => ({
@@ -92,14 +95,16 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const amount = parseAmount(body.amount);
     // Who may pay from this vault is checked on every request; whether it can pay (archived,
     // frozen) is the payment's answer, so a replay after an archive still returns the original.
-    const wallet = await authorizeVault(principal, walletId, headers['session-token']);
     const input = { walletId, to: body.to.trim(), amount, memo: body.memo ?? null, category: body.category ?? null };
+    const { wallet, recipient } = await readRequest(principal, walletId, input.to, input.category, headers['session-token']);
     return runIdempotent(ctx.db, {
       orgId: principal.orgId, key: idempotencyKeyOf(headers['idempotency-key'], body.idempotencyKey),
       operation: 'payments.create', params: { ...input, currency: body.currency }, nowMs: ctx.clock.nowMs(),
       // After a crash: the payment as it stands now (the reconciler settles it meanwhile).
       recover: async (txId) => answer(outcomeOf(await getTransaction(ctx.db, principal.orgId, txId))),
-    }, async (mark) => answer(await pay(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark, wallet, keyId: principal.keyId })));
+    }, async (mark) => answer(await pay(ctx, principal.orgId, input, {
+      wait: body.waitForConfirmation ?? true, mark, wallet, recipient, keyId: principal.keyId,
+    })));
   };
 
   app.post('/v1/payments', {
@@ -154,9 +159,10 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const { walletId, to, category } = request.body;
     if (request.body.currency !== undefined) assertUsdc(request.body.currency);
     const amount = parseAmount(request.body.amount);
-    const wallet = await authorizeVault(principal, walletId, request.headers['session-token']);
+    const read = await readRequest(principal, walletId, to.trim(), category ?? null, request.headers['session-token']);
+    const { wallet } = read;
     assertNotArchived(wallet);
-    const recipient = await resolveRecipient(ctx.db, principal.orgId, to.trim(), category ?? null);
+    const recipient = read.recipient();
     const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id);
     const rules = rulesOf(policy!);
     const nowMs = ctx.clock.nowMs();

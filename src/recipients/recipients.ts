@@ -7,6 +7,7 @@
 import { Type } from 'typebox';
 import { isAddress } from '@solana/kit';
 import type { Database, Queryable } from '../db/database.ts';
+import { Params } from '../db/params.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, type PageRequest, toPage } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
@@ -218,32 +219,63 @@ export interface ResolvedRecipient {
   recipientId: string | null;
 }
 
+/** The directory entry a payment's `to` names, if any. */
+export type RecipientEntry = Pick<RecipientRow, 'id' | 'address' | 'category'>;
+
+export interface RecipientLookup {
+  /**
+   * The SELECT of the entry (`id`, `address`, `category`, at most one row), its placeholders
+   * taken from the caller's `params`: alone or joined into a larger statement. null when `to` is
+   * neither an address nor a domain: there is nothing to look up.
+   */
+  sql: string | null;
+  /** The resolution, given the entry the SELECT found; throws `invalid_recipient`. */
+  resolve(entry: RecipientEntry | undefined): ResolvedRecipient;
+}
+
 /**
  * What a payment's `to` means for the organisation: the address to pay, the directory entry
  * behind it (if any) and the category the payment counts under (the directory's, else the
- * request's, lowercase). Takes a Queryable so a payment resolves inside its own transaction.
+ * request's, lowercase). `orgId` is a placeholder already in `params`.
  */
-export async function resolveRecipient(
-  q: Queryable, orgId: string, to: string, requestCategory?: string | null,
-): Promise<ResolvedRecipient> {
+export function recipientLookup(params: Params, orgId: string, to: string, requestCategory?: string | null): RecipientLookup {
   const fallbackCategory = requestCategory == null ? null : categoryOf(requestCategory);
   if (isAddress(to)) {
     // Among several entries for one address, one with a category comes first: otherwise a
     // payer could dodge a blocked category by paying the bare address with a category of its own.
-    const [entry] = await q.query<Pick<RecipientRow, 'id' | 'category'>>(
-      `SELECT id, category FROM recipients WHERE org_id = $1 AND address = $2 AND deleted_at IS NULL
-       ORDER BY category IS NULL, created_at, id LIMIT 1`, [orgId, to]);
-    return { address: to, domain: null, category: entry?.category ?? fallbackCategory, recipientId: entry?.id ?? null };
+    return {
+      sql: `SELECT id, address, category FROM recipients WHERE org_id = ${orgId} AND address = ${params.add(to)} AND deleted_at IS NULL
+            ORDER BY category IS NULL, created_at, id LIMIT 1`,
+      resolve: (entry) => ({ address: to, domain: null, category: entry?.category ?? fallbackCategory, recipientId: entry?.id ?? null }),
+    };
   }
   const domain = normaliseDomain(to);
   if (domain === null) {
-    throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
+    return {
+      sql: null,
+      resolve: () => {
+        throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
+      },
+    };
   }
-  const [entry] = await q.query<Pick<RecipientRow, 'id' | 'address' | 'category'>>(
-    'SELECT id, address, category FROM recipients WHERE org_id = $1 AND domain = $2 AND deleted_at IS NULL', [orgId, domain]);
-  if (!entry) {
-    throw new ServiceError('invalid_recipient',
-      `${quoted(domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
-  }
-  return { address: entry.address, domain, category: entry.category ?? fallbackCategory, recipientId: entry.id };
+  return {
+    sql: `SELECT id, address, category FROM recipients WHERE org_id = ${orgId} AND domain = ${params.add(domain)} AND deleted_at IS NULL`,
+    resolve: (entry) => {
+      if (!entry) {
+        throw new ServiceError('invalid_recipient',
+          `${quoted(domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
+      }
+      return { address: entry.address, domain, category: entry.category ?? fallbackCategory, recipientId: entry.id };
+    },
+  };
+}
+
+/** `recipientLookup` run on its own. Takes a Queryable so a payment resolves inside its own transaction. */
+export async function resolveRecipient(
+  q: Queryable, orgId: string, to: string, requestCategory?: string | null,
+): Promise<ResolvedRecipient> {
+  const params = new Params();
+  const lookup = recipientLookup(params, params.add(orgId), to, requestCategory);
+  const [entry] = lookup.sql === null ? [] : await q.query<RecipientEntry>(lookup.sql, params.values);
+  return lookup.resolve(entry);
 }
