@@ -27,7 +27,9 @@ import { canonicalJson, type RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { RULE_COLUMNS, findPolicy, rulesOf, type RuleColumns } from '../policies/policies.ts';
-import { recipientLookup, resolveRecipient, type ResolvedRecipient } from '../recipients/recipients.ts';
+import {
+  recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, type RecipientTarget, type ResolvedRecipient,
+} from '../recipients/recipients.ts';
 import {
   awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
@@ -204,26 +206,60 @@ export async function pay(
   throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
 }
 
+/** What a payment request reads before it is signed: the paying vault and the directory entry of `to`. */
+interface PaymentRead {
+  orgId: string;
+  walletId: string;
+  target: RecipientTarget | null;
+}
+
+type PaymentReadRow = WalletWithPolicy & {
+  request_index: bigint; recipient_entry_id: string | null; recipient_entry_address: string; recipient_entry_category: string | null;
+};
+
+/** The reads of concurrent payment requests are made together, one statement for a group (src/db/group-commit.ts). */
+const paymentReaders = new WeakMap<Queryable, GroupCommit<PaymentRead, PaymentReadRow | null>>();
+const READ_BATCH_MAX = 128;
+const READ_CONCURRENCY = 2;
+
+function paymentReaderOf(db: Queryable): GroupCommit<PaymentRead, PaymentReadRow | null> {
+  let reader = paymentReaders.get(db);
+  if (!reader) {
+    reader = new GroupCommit(async (reads) => {
+      const rows = await db.query<PaymentReadRow>(
+        `SELECT k.request_index, wallet.*, entry.id AS recipient_entry_id, entry.address AS recipient_entry_address,
+           entry.category AS recipient_entry_category
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS k(org_id, wallet_id, address, domain, request_index)
+         LEFT JOIN LATERAL (${WALLET_SELECT} WHERE w.org_id = k.org_id AND w.id = k.wallet_id) wallet ON TRUE
+         LEFT JOIN LATERAL (${recipientEntrySql('k')}) entry ON TRUE`,
+        [reads.map((r) => r.orgId), reads.map((r) => r.walletId), reads.map((r) => r.target?.address ?? null),
+          reads.map((r) => r.target?.domain ?? null)]);
+      const byIndex = new Map(rows.map((row) => [Number(row.request_index), row]));
+      return reads.map((_, i) => ({ ok: true as const, value: byIndex.get(i + 1)?.id ? byIndex.get(i + 1)! : null }));
+    }, { maxBatch: READ_BATCH_MAX, concurrency: READ_CONCURRENCY });
+    paymentReaders.set(db, reader);
+  }
+  return reader;
+}
+
 /**
- * What a payment request reads before it is signed, in one statement: the paying vault (with its
- * policy, as `getWallet` answers it; null when the organisation has none of that id) and the
- * directory entry of `to`. `recipient()` resolves `to` from it, or throws `invalid_recipient`:
- * called when the payment is made (not for an idempotent replay), after the vault was checked.
+ * What a payment request reads before it is signed, made with the reads of the requests arriving
+ * meanwhile in one statement: the paying vault (with its policy, as `getWallet` answers it; null
+ * when the organisation has none of that id) and the directory entry of `to`. `recipient()`
+ * resolves `to` from it, or throws `invalid_recipient`: called when the payment is made (not for
+ * an idempotent replay), after the vault was checked.
  */
 export async function readPayment(
-  q: Queryable, orgId: string, walletId: string, to: string, category: string | null,
+  db: Queryable, orgId: string, walletId: string, to: string, category: string | null,
 ): Promise<{ wallet: WalletWithPolicy | null; recipient: () => ResolvedRecipient }> {
-  const params = new Params();
-  const org = params.add(orgId);
-  const lookup = recipientLookup(params, org, to, category);
-  const entryColumns = 'r.id AS recipient_entry_id, r.address AS recipient_entry_address, r.category AS recipient_entry_category';
-  const [row] = await q.query<WalletWithPolicy & { recipient_entry_id: string | null; recipient_entry_address: string; recipient_entry_category: string | null }>(
-    `SELECT w.*${lookup.sql === null ? '' : `, ${entryColumns}`} FROM (${WALLET_SELECT} WHERE w.org_id = ${org} AND w.id = ${params.add(walletId)}) w
-     ${lookup.sql === null ? '' : `LEFT JOIN LATERAL (${lookup.sql}) r ON TRUE`}`, params.values);
-  if (!row) return { wallet: null, recipient: () => lookup.resolve(undefined) };
-  const { recipient_entry_id: id, recipient_entry_address: address, recipient_entry_category: entryCategory, ...wallet } = row;
-  const entry = id === null || id === undefined ? undefined : { id, address, category: entryCategory };
-  return { wallet: wallet as WalletWithPolicy, recipient: () => lookup.resolve(entry) };
+  const target = recipientTarget(to);
+  const row = await paymentReaderOf(db).submit({ orgId, walletId, target });
+  if (!row) return { wallet: null, recipient: () => resolvedRecipient(to, target, undefined, category) };
+  const {
+    request_index: _index, recipient_entry_id: id, recipient_entry_address: address, recipient_entry_category: entryCategory, ...wallet
+  } = row;
+  const entry = id === null ? undefined : { id, address, category: entryCategory };
+  return { wallet, recipient: () => resolvedRecipient(to, target, entry, category) };
 }
 
 /** A signed payment on its way to being decided and recorded. */

@@ -7,7 +7,6 @@
 import { Type } from 'typebox';
 import { isAddress } from '@solana/kit';
 import type { Database, Queryable } from '../db/database.ts';
-import { Params } from '../db/params.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, type PageRequest, toPage } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
@@ -219,63 +218,58 @@ export interface ResolvedRecipient {
   recipientId: string | null;
 }
 
+/** What a payment's `to` names: a chain address or a domain (null: neither). */
+export type RecipientTarget = { address: string; domain: null } | { address: null; domain: string };
+
+export function recipientTarget(to: string): RecipientTarget | null {
+  if (isAddress(to)) return { address: to, domain: null };
+  const domain = normaliseDomain(to);
+  return domain === null ? null : { address: null, domain };
+}
+
 /** The directory entry a payment's `to` names, if any. */
 export type RecipientEntry = Pick<RecipientRow, 'id' | 'address' | 'category'>;
 
-export interface RecipientLookup {
-  /**
-   * The SELECT of the entry (`id`, `address`, `category`, at most one row), its placeholders
-   * taken from the caller's `params`: alone or joined into a larger statement. null when `to` is
-   * neither an address nor a domain: there is nothing to look up.
-   */
-  sql: string | null;
-  /** The resolution, given the entry the SELECT found; throws `invalid_recipient`. */
-  resolve(entry: RecipientEntry | undefined): ResolvedRecipient;
-}
+/**
+ * The directory entry of each row of `k` (columns `org_id`, `address`, `domain`, one of the last
+ * two null), for a lateral join. Among several entries for one address, one with a category
+ * comes first: otherwise a payer could dodge a blocked category by paying the bare address with
+ * a category of its own.
+ */
+export const recipientEntrySql = (k: string): string =>
+  `SELECT e.id, e.address, e.category FROM recipients e
+   WHERE e.org_id = ${k}.org_id AND e.deleted_at IS NULL AND (e.address = ${k}.address OR e.domain = ${k}.domain)
+   ORDER BY e.category IS NULL, e.created_at, e.id LIMIT 1`;
 
 /**
- * What a payment's `to` means for the organisation: the address to pay, the directory entry
- * behind it (if any) and the category the payment counts under (the directory's, else the
- * request's, lowercase). `orgId` is a placeholder already in `params`.
+ * What a payment's `to` means for the organisation, given its directory entry: the address to
+ * pay, the entry (if any) and the category the payment counts under (the directory's, else the
+ * request's, lowercase). Throws `invalid_recipient`.
  */
-export function recipientLookup(params: Params, orgId: string, to: string, requestCategory?: string | null): RecipientLookup {
+export function resolvedRecipient(
+  to: string, target: RecipientTarget | null, entry: RecipientEntry | undefined, requestCategory?: string | null,
+): ResolvedRecipient {
   const fallbackCategory = requestCategory == null ? null : categoryOf(requestCategory);
-  if (isAddress(to)) {
-    // Among several entries for one address, one with a category comes first: otherwise a
-    // payer could dodge a blocked category by paying the bare address with a category of its own.
-    return {
-      sql: `SELECT id, address, category FROM recipients WHERE org_id = ${orgId} AND address = ${params.add(to)} AND deleted_at IS NULL
-            ORDER BY category IS NULL, created_at, id LIMIT 1`,
-      resolve: (entry) => ({ address: to, domain: null, category: entry?.category ?? fallbackCategory, recipientId: entry?.id ?? null }),
-    };
+  if (target === null) {
+    throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
   }
-  const domain = normaliseDomain(to);
-  if (domain === null) {
-    return {
-      sql: null,
-      resolve: () => {
-        throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
-      },
-    };
+  if (target.address !== null) {
+    return { address: target.address, domain: null, category: entry?.category ?? fallbackCategory, recipientId: entry?.id ?? null };
   }
-  return {
-    sql: `SELECT id, address, category FROM recipients WHERE org_id = ${orgId} AND domain = ${params.add(domain)} AND deleted_at IS NULL`,
-    resolve: (entry) => {
-      if (!entry) {
-        throw new ServiceError('invalid_recipient',
-          `${quoted(domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
-      }
-      return { address: entry.address, domain, category: entry.category ?? fallbackCategory, recipientId: entry.id };
-    },
-  };
+  if (!entry) {
+    throw new ServiceError('invalid_recipient',
+      `${quoted(target.domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
+  }
+  return { address: entry.address, domain: target.domain, category: entry.category ?? fallbackCategory, recipientId: entry.id };
 }
 
-/** `recipientLookup` run on its own. Takes a Queryable so a payment resolves inside its own transaction. */
+/** `resolvedRecipient` with the entry read here. Takes a Queryable so a payment resolves inside its own transaction. */
 export async function resolveRecipient(
   q: Queryable, orgId: string, to: string, requestCategory?: string | null,
 ): Promise<ResolvedRecipient> {
-  const params = new Params();
-  const lookup = recipientLookup(params, params.add(orgId), to, requestCategory);
-  const [entry] = lookup.sql === null ? [] : await q.query<RecipientEntry>(lookup.sql, params.values);
-  return lookup.resolve(entry);
+  const target = recipientTarget(to);
+  const [entry] = target === null ? [] : await q.query<RecipientEntry>(
+    `SELECT entry.* FROM (SELECT $1::text AS org_id, $2::text AS address, $3::text AS domain) k, LATERAL (${recipientEntrySql('k')}) entry`,
+    [orgId, target.address, target.domain]);
+  return resolvedRecipient(to, target, entry, requestCategory);
 }
