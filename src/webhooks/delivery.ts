@@ -40,8 +40,10 @@ export const FINAL_ATTEMPT_LEASE_MS = 60_000;
 export const DELIVERY_LOG_RETENTION_MS = 30 * 24 * 3600 * 1000;
 export const USER_AGENT = 'AgentVault-Webhooks/1.0';
 
-/** Attempts claimed together and sent concurrently by one worker. */
-const CLAIM_BATCH = 100;
+/** Attempts claimed together and sent concurrently by one claimer. */
+const CLAIM_BATCH = 50;
+/** Claimers of one dispatch run, side by side (so at most 200 attempts in flight per process). */
+const CLAIMERS = 4;
 /** One dispatch run stops claiming after this long; the next run continues. */
 const DISPATCH_BUDGET_MS = 20_000;
 /** A receiver's answer is read up to this size; a larger one fails the attempt. */
@@ -94,12 +96,6 @@ export function deliveryHeaders(body: string, signing: Signing, ids: { eventId: 
   };
 }
 
-/** When the attempt after attempt `attemptInRun` (1-based) of a run is due, or null after the last. */
-export function nextAttemptAtMs(attemptedAtMs: number, attemptInRun: number): number | null {
-  const delayMs = RETRY_DELAYS_MS[attemptInRun - 1];
-  return delayMs === undefined ? null : attemptedAtMs + delayMs;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Claiming
 
@@ -150,69 +146,59 @@ function signingOf(row: SigningRow, nowMs: number): Signing {
 }
 
 /**
- * Claims up to `limit` due attempts of active webhooks, oldest due first. In one transaction:
- * each delivery's attempt count goes up by one and its `next_attempt_at` moves to when the next
- * attempt of the run would be due (the lease); the attempt is recorded in flight; an earlier
- * attempt still in flight is marked lost (its worker died). Rows locked by another claimer are
- * skipped, and a row claimed a moment ago is no longer due: no attempt is ever made twice.
+ * Claims up to `limit` due attempts of active webhooks, oldest due first, in one statement (one
+ * transaction): each delivery's attempt count goes up by one and its `next_attempt_at` moves to
+ * when the next attempt of the run would be due (the lease); the attempt is recorded in flight
+ * with when its successor is due; an earlier attempt still in flight is marked lost (its worker
+ * died); the webhook's URL and secrets and the event come back with it. Rows locked by another
+ * claimer are skipped, and a row claimed a moment ago is no longer due: no attempt is ever made
+ * twice.
  */
 export async function claimDueAttempts(db: Database, nowMs: number, limit: number): Promise<ClaimedAttempt[]> {
-  const now = new Date(nowMs);
   // Delay after attempt k of a run (1-based), and the lease of the last one.
   const leasesMs = [...RETRY_DELAYS_MS, FINAL_ATTEMPT_LEASE_MS];
-  return db.transaction(async (tx) => {
-    const claimed = await tx.query<DeliveryRow>(
-      `WITH due AS (
-         SELECT d.id FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
-         WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND w.status = 'active'
-           AND d.attempts - d.run_start < ${ATTEMPTS_PER_RUN}
-         ORDER BY d.next_attempt_at, d.id
-         LIMIT ${Math.max(1, Math.floor(limit))}
-         FOR UPDATE OF d SKIP LOCKED
-       )
+  const claimed = await db.query<DeliveryRow & SigningRow & { event_org_id: string | null; event_created: Date | null; payload: StoredEvent['payload'] | null }>(
+    `WITH due AS (
+       SELECT d.id FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
+       WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND w.status = 'active'
+         AND d.attempts - d.run_start < ${ATTEMPTS_PER_RUN}
+       ORDER BY d.next_attempt_at, d.id
+       LIMIT ${Math.max(1, Math.floor(limit))}
+       FOR UPDATE OF d SKIP LOCKED
+     ), claimed AS (
        UPDATE webhook_deliveries d
        SET attempts = d.attempts + 1,
            next_attempt_at = $1::timestamptz + ($2::bigint[])[d.attempts + 1 - d.run_start] * INTERVAL '1 millisecond',
            updated_at = $1
        FROM due WHERE d.id = due.id
-       RETURNING d.*`, [now, leasesMs]);
-    if (!claimed.length) return [];
-    const ids = claimed.map((row) => row.id);
-    const attempts = claimed.map((row) => row.attempts);
-    const nexts = claimed.map((row) => {
-      const next = nextAttemptAtMs(nowMs, row.attempts - row.run_start);
-      return next === null ? null : new Date(next);
-    });
-    await tx.query(
-      `UPDATE webhook_attempts a SET outcome = 'lost', error = $3
-       FROM unnest($1::text[], $2::int[]) AS c(id, attempt)
-       WHERE a.delivery_id = c.id AND a.attempt < c.attempt AND a.outcome IS NULL`, [ids, attempts, LOST_ATTEMPT_ERROR]);
-    await tx.query(
-      `INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, next_attempt_at)
-       SELECT c.id, c.attempt, $3, c.next FROM unnest($1::text[], $2::int[], $4::timestamptz[]) AS c(id, attempt, next)`,
-      [ids, attempts, now, nexts]);
-    const webhooks = await tx.query<SigningRow>(
-      `SELECT id, url, signing_secret, previous_signing_secret, previous_secret_expires_at FROM webhooks WHERE id = ANY($1::text[])`,
-      [[...new Set(claimed.map((row) => row.webhook_id))]]);
-    const events = await tx.query<StoredEvent & { org_id: string }>(
-      'SELECT id, org_id, type, created_at, payload FROM events WHERE id = ANY($1::text[])', [claimed.map((row) => row.event_id)]);
-    const webhookById = new Map(webhooks.map((row) => [row.id, row]));
-    const eventById = new Map(events.map((row) => [row.id, row]));
-    return claimed.map((row) => {
-      const webhook = webhookById.get(row.webhook_id)!;
-      const event = eventById.get(row.event_id);
-      return {
-        deliveryId: row.id,
-        webhookId: row.webhook_id,
-        eventId: row.event_id,
-        attempt: row.attempts,
-        final: row.attempts - row.run_start >= ATTEMPTS_PER_RUN,
-        ping: false,
-        url: webhook.url,
-        signing: signingOf(webhook, nowMs),
-        body: event && event.org_id === row.org_id ? deliveryBody(event) : null,
-      };
-    });
+       RETURNING d.*
+     ), lost AS (
+       UPDATE webhook_attempts a SET outcome = 'lost', error = $4
+       FROM claimed c WHERE a.delivery_id = c.id AND a.attempt < c.attempts AND a.outcome IS NULL
+     ), attempted AS (
+       -- past the last delay of a run the index is out of the array: no next attempt (NULL)
+       INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, next_attempt_at)
+       SELECT c.id, c.attempts, $1, $1::timestamptz + ($3::bigint[])[c.attempts - c.run_start] * INTERVAL '1 millisecond' FROM claimed c
+     )
+     SELECT c.*, w.url, w.signing_secret, w.previous_signing_secret, w.previous_secret_expires_at,
+       e.org_id AS event_org_id, e.created_at AS event_created, e.payload
+     FROM claimed c JOIN webhooks w ON w.id = c.webhook_id LEFT JOIN events e ON e.id = c.event_id
+     ORDER BY c.next_attempt_at, c.id`,
+    [new Date(nowMs), leasesMs, RETRY_DELAYS_MS, LOST_ATTEMPT_ERROR]);
+  return claimed.map((row) => {
+    const stored = row.event_org_id === row.org_id && row.payload !== null
+      ? { id: row.event_id, type: row.event_type, created_at: row.event_created!, payload: row.payload } : null;
+    return {
+      deliveryId: row.id,
+      webhookId: row.webhook_id,
+      eventId: row.event_id,
+      attempt: row.attempts,
+      final: row.attempts - row.run_start >= ATTEMPTS_PER_RUN,
+      ping: false,
+      url: row.url,
+      signing: signingOf(row, nowMs),
+      body: stored ? deliveryBody(stored) : null,
+    };
   });
 }
 
@@ -318,28 +304,26 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
 }
 
 /**
- * Records attempts that succeeded, all in one transaction of two statements: each attempt gets
- * its outcome, and each delivery still open (pending or paused) becomes delivered — what
- * `recordAttempt` does for one success.
+ * Records attempts that succeeded, in one statement: each attempt gets its outcome, and each
+ * delivery still open (pending or paused) becomes delivered — what `recordAttempt` does for one
+ * success. The deliveries' rows are locked first, as everywhere (delivery, then attempt).
  */
 export async function recordSuccesses(
   db: Database, nowMs: number, done: ReadonlyArray<{ claim: ClaimedAttempt; result: AttemptResult }>,
 ): Promise<void> {
   if (done.length === 0) return;
-  const now = new Date(nowMs);
-  await db.transaction(async (tx) => {
-    await tx.query(
-      `UPDATE webhook_attempts a SET outcome = 'succeeded', finished_at = $6, status_code = r.status_code, latency_ms = r.latency_ms,
-         error = NULL, response_excerpt = r.excerpt
-       FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[]) AS r(delivery_id, attempt, status_code, latency_ms, excerpt)
-       WHERE a.delivery_id = r.delivery_id AND a.attempt = r.attempt`,
-      [done.map((d) => d.claim.deliveryId), done.map((d) => d.claim.attempt), done.map((d) => d.result.statusCode),
-        done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), now]);
-    await tx.query(
-      `UPDATE webhook_deliveries SET status = 'delivered', delivered_at = $2, next_attempt_at = NULL, updated_at = $2
-       WHERE id = ANY($1::text[]) AND status IN ('pending', 'paused')`,
-      [done.map((d) => d.claim.deliveryId), now]);
-  });
+  await db.query(
+    `WITH r AS (
+       SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[]) AS r(delivery_id, attempt, status_code, latency_ms, excerpt)
+     ), delivered AS (
+       UPDATE webhook_deliveries SET status = 'delivered', delivered_at = $6, next_attempt_at = NULL, updated_at = $6
+       WHERE id IN (SELECT delivery_id FROM r) AND status IN ('pending', 'paused')
+     )
+     UPDATE webhook_attempts a SET outcome = 'succeeded', finished_at = $6, status_code = r.status_code, latency_ms = r.latency_ms,
+       error = NULL, response_excerpt = r.excerpt
+     FROM r WHERE a.delivery_id = r.delivery_id AND a.attempt = r.attempt`,
+    [done.map((d) => d.claim.deliveryId), done.map((d) => d.claim.attempt), done.map((d) => d.result.statusCode),
+      done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), new Date(nowMs)]);
 }
 
 /**
@@ -403,22 +387,28 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
   await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
   let attempted = 0;
-  while (performance.now() < deadlineMs) {
-    const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
-    if (!claims.length) break;
-    // Successes (nearly all of them) are recorded together; any other outcome on its own.
-    const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
-    const outcomes = await Promise.allSettled(claims.map(async (claim) => {
-      const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
-      if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
-      else await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
-    }));
-    outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
-    attempted += claims.length;
-    const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
-    // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
-    if (failure) throw failure.reason;
-  }
+  // Several claimers side by side: one's database round trips overlap another's requests.
+  const claimer = async (): Promise<void> => {
+    while (performance.now() < deadlineMs) {
+      const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
+      if (!claims.length) return;
+      // Successes (nearly all of them) are recorded together; any other outcome on its own.
+      const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
+      const outcomes = await Promise.allSettled(claims.map(async (claim) => {
+        const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
+        if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
+        else await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
+      }));
+      outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
+      attempted += claims.length;
+      const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+      // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
+      if (failure) throw failure.reason;
+    }
+  };
+  const ended = await Promise.allSettled(Array.from({ length: CLAIMERS }, claimer));
+  const failure = ended.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+  if (failure) throw failure.reason;
   return { attempted };
 }
 
