@@ -262,8 +262,14 @@ export async function fetchGuarded(url: string, options: OutboundRequest): Promi
 
 /** Destinations whose idle connections are kept (least recently used dropped first). */
 const POOL_DESTINATIONS_MAX = 256;
-/** Connections open at once to one destination; further calls wait for one (within their deadline). */
-const POOL_SOCKETS_PER_DESTINATION = 16;
+/**
+ * Connections open at once to one destination: above what the service sends concurrently (the
+ * webhook dispatcher has at most 200 attempts in flight), so a call never queues behind others
+ * on our side, which would eat into its deadline and fail a receiver that is not slow.
+ */
+const POOL_SOCKETS_PER_DESTINATION = 256;
+/** Idle connections kept per destination. */
+const POOL_IDLE_SOCKETS_PER_DESTINATION = 16;
 /** An idle connection is closed after this: below the 5 s keep-alive of common servers (Node's), so the server rarely closes it first. */
 const POOL_IDLE_MS = 2_000;
 const agents = new Map<string, HttpAgent>();
@@ -280,7 +286,9 @@ function agentFor(https: boolean, host: string, port: string | number, addresses
   if (agent) {
     agents.delete(key); // re-inserted below: the map's order is the recency order
   } else {
-    const options = { keepAlive: true, maxSockets: POOL_SOCKETS_PER_DESTINATION, maxFreeSockets: POOL_SOCKETS_PER_DESTINATION, timeout: POOL_IDLE_MS };
+    const options = {
+      keepAlive: true, maxSockets: POOL_SOCKETS_PER_DESTINATION, maxFreeSockets: POOL_IDLE_SOCKETS_PER_DESTINATION, timeout: POOL_IDLE_MS,
+    };
     agent = https ? new HttpsAgent(options) : new HttpAgent(options);
     if (agents.size >= POOL_DESTINATIONS_MAX) {
       const [oldestKey, oldest] = agents.entries().next().value!;
