@@ -1,14 +1,18 @@
 /**
- * Signing on the payment hot path. @solana/kit compiles the message (account order, header,
- * instruction indices) here as everywhere; what it does next is slow for a service that signs
- * a transaction per payment: its encoder turns every address from base58 with BigInt arithmetic
- * (~33 µs each, ~0.4 ms for a pay transaction's eleven keys), and its signer goes through
- * WebCrypto's thread pool. This writes the compiled message with each address decoded once and
- * remembered, and signs with node:crypto's Ed25519 at once: ~0.15 ms instead of ~1 ms per pay
- * transaction. Ed25519 is deterministic, so the bytes are exactly kit's (signing.test.ts).
+ * Signing on the payment hot path, byte-identical to @solana/kit (signing.test.ts compares
+ * every byte and signature). Kit is slow for a service that signs a transaction per payment:
+ * its compiler builds an `Intl.Collator` on every call to order the accounts, its encoder turns
+ * every address from base58 with BigInt arithmetic (~33 µs each, ~0.4 ms for a pay
+ * transaction's eleven keys), and its signer goes through WebCrypto's thread pool. This compiles
+ * our messages (static accounts only, legacy or version 0) with one collator kept for good,
+ * writes the bytes with each address decoded once and remembered, and signs with node:crypto's
+ * Ed25519 at once. Ed25519 is deterministic, so the signatures are kit's too. Any message
+ * outside that shape (address lookup tables, a signer not ours, limits kit enforces, a newer
+ * version) is left to kit.
  */
 import { KeyObject, sign } from 'node:crypto';
 import {
+  AccountRole,
   compileTransactionMessage,
   type Address,
   type Base64EncodedWireTransaction,
@@ -18,8 +22,85 @@ import {
 import { decodeBase58, encodeBase58 } from './base58.ts';
 
 type CompilableMessage = Parameters<typeof compileTransactionMessage>[0];
-/** Legacy and version 0 messages; anything newer is left to kit. */
-type CompiledMessage = Extract<ReturnType<typeof compileTransactionMessage>, { version: 0 | 'legacy' }>;
+
+/** A message compiled to static accounts (legacy, or version 0 without lookup tables). */
+interface CompiledMessage {
+  version: 0 | 'legacy';
+  header: { numSignerAccounts: number; numReadonlySignerAccounts: number; numReadonlyNonSignerAccounts: number };
+  staticAccounts: string[];
+  lifetimeToken: string;
+  instructions: Array<{ programAddressIndex: number; accountIndices: number[]; data: ArrayLike<number> }>;
+}
+
+/** Kit's order among accounts of the same kind: this collation of their base58 text. */
+const compareAddresses = new Intl.Collator('en', {
+  caseFirst: 'lower', ignorePunctuation: false, localeMatcher: 'best fit', numeric: false, sensitivity: 'variant', usage: 'sort',
+}).compare;
+/** Kit's limits on a message; beyond them kit refuses it, with its own error. */
+const ACCOUNTS_MAX = 64;
+const SIGNERS_MAX = 12;
+
+const isSigner = (role: number): boolean => (role & 2) !== 0;
+const isWritable = (role: number): boolean => (role & 1) !== 0;
+
+/**
+ * Solana's account order, as kit makes it: the fee payer, then signers before non-signers,
+ * writable before read-only, each group in address order; an account's role is the union of
+ * its roles in every instruction; an invoked program is a read-only account. Null for a message
+ * kit compiles differently or refuses: lookup-table accounts, a writable program, too many
+ * accounts or signers, a version other than legacy and 0, no lifetime.
+ */
+function compileStatic(message: CompilableMessage): CompiledMessage | null {
+  const { version } = message;
+  if (version !== 0 && version !== 'legacy') return null;
+  const lifetime = ('lifetimeConstraint' in message ? message.lifetimeConstraint : undefined) as { blockhash?: string; nonce?: string } | undefined;
+  const lifetimeToken = lifetime?.nonce ?? lifetime?.blockhash;
+  if (lifetimeToken === undefined) return null;
+  const feePayer = message.feePayer.address as string;
+  const roles = new Map<string, number>([[feePayer, AccountRole.WRITABLE_SIGNER]]);
+  const programs = new Set<string>();
+  for (const instruction of message.instructions) {
+    const program = instruction.programAddress as string;
+    const existing = roles.get(program);
+    if (existing !== undefined && isWritable(existing)) return null;
+    if (existing === undefined) roles.set(program, AccountRole.READONLY);
+    programs.add(program);
+    for (const account of instruction.accounts ?? []) {
+      if ('lookupTableAddress' in account) return null;
+      const address = account.address as string;
+      if (address === feePayer) continue;
+      if (programs.has(address) && isWritable(account.role)) return null;
+      roles.set(address, (roles.get(address) ?? AccountRole.READONLY) | account.role);
+    }
+  }
+  if (roles.size > ACCOUNTS_MAX) return null;
+  const ordered = [...roles.keys()].sort((left, right) => {
+    if (left === feePayer || right === feePayer) return left === feePayer ? -1 : 1;
+    const l = roles.get(left)!;
+    const r = roles.get(right)!;
+    if (isSigner(l) !== isSigner(r)) return isSigner(l) ? -1 : 1;
+    if (isWritable(l) !== isWritable(r)) return isWritable(l) ? -1 : 1;
+    return compareAddresses(left, right);
+  });
+  const signers = ordered.filter((address) => isSigner(roles.get(address)!));
+  if (signers.length > SIGNERS_MAX) return null;
+  const index = new Map(ordered.map((address, i) => [address, i]));
+  return {
+    version,
+    header: {
+      numSignerAccounts: signers.length,
+      numReadonlySignerAccounts: signers.filter((address) => !isWritable(roles.get(address)!)).length,
+      numReadonlyNonSignerAccounts: ordered.filter((address) => !isSigner(roles.get(address)!) && !isWritable(roles.get(address)!)).length,
+    },
+    staticAccounts: ordered,
+    lifetimeToken,
+    instructions: message.instructions.map((instruction) => ({
+      programAddressIndex: index.get(instruction.programAddress)!,
+      accountIndices: (instruction.accounts ?? []).map((account) => index.get(account.address)!),
+      data: instruction.data ?? [],
+    })),
+  };
+}
 
 export interface SignedTransaction {
   signature: Signature;
@@ -88,8 +169,8 @@ export class FastSigner {
 
   /** Null when a signer of this message is not one of ours, or its version is newer than 0 (the caller signs it with kit). */
   sign(message: CompilableMessage): SignedTransaction | null {
-    const compiled = compileTransactionMessage(message);
-    if (compiled.version !== 0 && compiled.version !== 'legacy') return null;
+    const compiled = compileStatic(message);
+    if (!compiled) return null;
     const signers = compiled.staticAccounts.slice(0, compiled.header.numSignerAccounts);
     const keys = signers.map((signer) => this.#keys.get(signer));
     if (keys.some((key) => key === undefined)) return null;
@@ -121,7 +202,7 @@ export class FastSigner {
     return bytes;
   }
 
-  /** The message as Solana's wire format has it (legacy, or version 0 with its lookup tables). */
+  /** The message as Solana's wire format has it (legacy, or version 0 with no lookup tables). */
   #encodeMessage(compiled: CompiledMessage): Uint8Array {
     const out = new ByteWriter();
     if (compiled.version !== 'legacy') out.byte(0x80 | compiled.version);
@@ -129,24 +210,14 @@ export class FastSigner {
     out.bytes([header.numSignerAccounts, header.numReadonlySignerAccounts, header.numReadonlyNonSignerAccounts]);
     out.bytes(shortVec(compiled.staticAccounts.length));
     for (const account of compiled.staticAccounts) out.bytes(this.#addressBytes(account));
-    const lifetime = 'lifetimeToken' in compiled ? compiled.lifetimeToken : undefined;
-    if (typeof lifetime !== 'string') throw new Error('the transaction message has no lifetime');
-    out.bytes(this.#addressBytes(lifetime));
+    out.bytes(this.#addressBytes(compiled.lifetimeToken));
     out.bytes(shortVec(compiled.instructions.length));
     for (const instruction of compiled.instructions) {
       out.byte(instruction.programAddressIndex);
-      out.prefixed(instruction.accountIndices ?? []);
-      out.prefixed(instruction.data ?? []);
+      out.prefixed(instruction.accountIndices);
+      out.prefixed(instruction.data);
     }
-    if (compiled.version !== 'legacy') {
-      const lookups = 'addressTableLookups' in compiled ? compiled.addressTableLookups ?? [] : [];
-      out.bytes(shortVec(lookups.length));
-      for (const lookup of lookups) {
-        out.bytes(this.#addressBytes(lookup.lookupTableAddress));
-        out.prefixed(lookup.writableIndexes);
-        out.prefixed(lookup.readonlyIndexes);
-      }
-    }
+    if (compiled.version !== 'legacy') out.bytes(shortVec(0)); // no address table lookups
     return out.done();
   }
 }
