@@ -316,9 +316,8 @@ interface Spent { amount: bigint; lastBlocked: boolean }
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
-    const wallets = await lockWallets(tx, items.map((item) => item.input.walletId));
+    const { wallets, liveKeys } = await lockWallets(tx, items);
     const windows = await spendWindowsOf(tx, [...wallets.keys()], nowMs);
-    const liveKeys = await liveKeyIds(tx, items);
 
     const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
     const inserts: Array<NewTransaction & { id: string }> = [];
@@ -384,28 +383,32 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
   });
 }
 
-/**
- * Locks the vaults' rows, by id, and reads their policies' rules in the same statement. One that
- * waited for a lock answers the locked row as it is now but a joined row as it was when the
- * statement began: a policy change takes no vault lock, so the rules are those of a moment
- * before, as if the payment had come first (the spend windows, written under the vault's lock,
- * are read after it, in a statement of their own). The join is outer so that a vault moved to
- * another policy meanwhile is still answered, and signed again.
- */
-async function lockWallets(tx: Queryable, walletIds: readonly string[]): Promise<Map<string, LockedWallet>> {
-  const rows = await tx.query<LockedWallet>(
-    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS} FROM wallets w
-     LEFT JOIN policies p ON p.org_id = w.org_id AND p.id = w.policy_id AND p.deleted_at IS NULL
-     WHERE w.id = ANY($1::text[]) ORDER BY w.id FOR UPDATE OF w`, [[...new Set(walletIds)].sort()]);
-  return new Map(rows.map((w) => [w.id, w]));
-}
+/** Which of the API keys (a text[] placeholder) are not revoked, as one array. */
+const liveKeysSql = (keyIds: string): string =>
+  `SELECT COALESCE(array_agg(id), '{}') FROM api_keys WHERE id = ANY(${keyIds}::text[]) AND revoked_at IS NULL`;
 
-/** The API keys of a batch's payments that are not revoked, read in the batch's transaction. */
-async function liveKeyIds(tx: Queryable, items: readonly PaymentToRecord[]): Promise<Set<string>> {
+/**
+ * Locks the vaults' rows, by id, and reads their policies' rules and which of the paying API
+ * keys are not revoked in the same statement. One that waited for a lock answers the locked row
+ * as it is now but a joined row as it was when the statement began: a policy change takes no
+ * vault lock, so the rules are those of a moment before, as if the payment had come first (the
+ * spend windows, written under the vault's lock, are read after it, in a statement of their
+ * own). The join is outer so that a vault moved to another policy meanwhile is still answered,
+ * and signed again. When no vault is found the keys are asked alone, so a revoked key is still
+ * answered as such.
+ */
+async function lockWallets(
+  tx: Queryable, items: readonly PaymentToRecord[],
+): Promise<{ wallets: Map<string, LockedWallet>; liveKeys: Set<string> }> {
+  const walletIds = [...new Set(items.map((item) => item.input.walletId))].sort();
   const keyIds = [...new Set(items.flatMap((item) => (item.keyId === null ? [] : [item.keyId])))];
-  if (keyIds.length === 0) return new Set();
-  const rows = await tx.query<{ id: string }>('SELECT id FROM api_keys WHERE id = ANY($1::text[]) AND revoked_at IS NULL', [keyIds]);
-  return new Set(rows.map((row) => row.id));
+  const rows = await tx.query<LockedWallet & { live_key_ids: string[] }>(
+    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS}, (${liveKeysSql('$2')}) AS live_key_ids FROM wallets w
+     LEFT JOIN policies p ON p.org_id = w.org_id AND p.id = w.policy_id AND p.deleted_at IS NULL
+     WHERE w.id = ANY($1::text[]) ORDER BY w.id FOR UPDATE OF w`, [walletIds, keyIds]);
+  const liveKeys = rows.length > 0 || keyIds.length === 0 ? rows[0]?.live_key_ids ?? []
+    : (await tx.query<{ live: string[] }>(`SELECT (${liveKeysSql('$1')}) AS live`, [keyIds]))[0]!.live;
+  return { wallets: new Map(rows.map(({ live_key_ids: _, ...w }) => [w.id, w])), liveKeys: new Set(liveKeys) };
 }
 
 /**
