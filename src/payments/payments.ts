@@ -331,8 +331,9 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
     for (const item of items) {
       const { input, recipient } = item;
       const wallet = wallets.get(input.walletId);
-      const refusal = item.keyId !== null && !liveKeys.has(item.keyId) ? invalidKeyError()
-        : !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
+      // The vault first, as the request's read before signing answered it.
+      const refusal = !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
+        : item.keyId !== null && !liveKeys.has(item.keyId) ? invalidKeyError()
         : wallet.status === 'archived' ? archivedError(wallet)
           : wallet.status === 'frozen' ? frozenError(wallet) : null;
       if (refusal || !wallet) {
@@ -388,10 +389,6 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
   });
 }
 
-/** Which of the API keys (a text[] placeholder) are not revoked, as one array. */
-const liveKeysSql = (keyIds: string): string =>
-  `SELECT COALESCE(array_agg(id), '{}') FROM api_keys WHERE id = ANY(${keyIds}::text[]) AND revoked_at IS NULL`;
-
 /**
  * Locks the vaults' rows, by id, and reads their policies' rules and which of the paying API
  * keys are not revoked in the same statement. One that waited for a lock answers the locked row
@@ -399,8 +396,8 @@ const liveKeysSql = (keyIds: string): string =>
  * vault lock, so the rules are those of a moment before, as if the payment had come first (the
  * spend windows, written under the vault's lock, are read after it, in a statement of their
  * own). The join is outer so that a vault moved to another policy meanwhile is still answered,
- * and signed again. When no vault is found the keys are asked alone, so a revoked key is still
- * answered as such.
+ * and signed again. The keys come with every row; with no vault found there is no payment to
+ * check them for.
  */
 async function lockWallets(
   tx: Queryable, items: readonly PaymentToRecord[],
@@ -408,12 +405,12 @@ async function lockWallets(
   const walletIds = [...new Set(items.map((item) => item.input.walletId))].sort();
   const keyIds = [...new Set(items.flatMap((item) => (item.keyId === null ? [] : [item.keyId])))];
   const rows = await tx.query<LockedWallet & { live_key_ids: string[] }>(
-    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS}, (${liveKeysSql('$2')}) AS live_key_ids FROM wallets w
+    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS},
+       (SELECT COALESCE(array_agg(id), '{}') FROM api_keys WHERE id = ANY($2::text[]) AND revoked_at IS NULL) AS live_key_ids
+     FROM wallets w
      LEFT JOIN policies p ON p.org_id = w.org_id AND p.id = w.policy_id AND p.deleted_at IS NULL
      WHERE w.id = ANY($1::text[]) ORDER BY w.id FOR UPDATE OF w`, [walletIds, keyIds]);
-  const liveKeys = rows.length > 0 || keyIds.length === 0 ? rows[0]?.live_key_ids ?? []
-    : (await tx.query<{ live: string[] }>(`SELECT (${liveKeysSql('$1')}) AS live`, [keyIds]))[0]!.live;
-  return { wallets: new Map(rows.map(({ live_key_ids: _, ...w }) => [w.id, w])), liveKeys: new Set(liveKeys) };
+  return { wallets: new Map(rows.map(({ live_key_ids: _, ...w }) => [w.id, w])), liveKeys: new Set(rows[0]?.live_key_ids) };
 }
 
 /**

@@ -306,7 +306,8 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
 /**
  * Records attempts that succeeded, in one statement: each attempt gets its outcome, and each
  * delivery still open (pending or paused) becomes delivered — what `recordAttempt` does for one
- * success. The deliveries' rows are locked first, as everywhere (delivery, then attempt).
+ * success. It touches only attempts its claimer holds and their deliveries, so it cannot meet
+ * another transaction locking them in the other order.
  */
 export async function recordSuccesses(
   db: Database, nowMs: number, done: ReadonlyArray<{ claim: ClaimedAttempt; result: AttemptResult }>,
