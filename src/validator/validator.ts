@@ -74,6 +74,11 @@ const NOMINAL_SLOT_MS = 400;
 export const MAX_TRANSACTIONS_PER_SLOT = 4_000;
 /** Transactions waiting for a slot; beyond this sendTransaction is refused. */
 export const MAX_QUEUED_TRANSACTIONS = 50_000;
+/**
+ * A slot's transactions execute this long at a time, then the thread answers what arrived
+ * meanwhile (a sendTransaction waits at most this long behind a busy slot, not the whole slot).
+ */
+const EXECUTE_SLICE_MS = 2;
 /** The validator's own account starts with this much SOL for airdrops and cheatcode fees. */
 const AUTHORITY_LAMPORTS = 1_000_000_000n * 1_000_000_000n;
 const U64_MAX = (1n << 64n) - 1n;
@@ -221,6 +226,10 @@ export class LocalValidator {
   readonly #mintDecimals = new Map<string, number>();
 
   #queue: WireTransaction[] = [];
+  /** Taken from the queue at slot boundaries, in order; executed a slice at a time. */
+  #executing: WireTransaction[] = [];
+  #executeNext = 0;
+  #sliceScheduled: NodeJS.Immediate | null = null;
   /** Signatures queued or executed but not yet visible: a resend must not run them twice. */
   readonly #inFlight = new Set<string>();
   #unpublished: ExecutedTransaction[] = [];
@@ -504,13 +513,48 @@ export class LocalValidator {
     if (!this.#closed) this.#scheduleSlot();
   }
 
-  /** A slot boundary: new slot, clock from the service clock, run the queue in arrival order. */
+  /**
+   * A slot boundary: new slot, clock from the service clock, and the queue taken for execution
+   * in arrival order, a slice at a time (`EXECUTE_SLICE_MS`): as a leader fills its block over
+   * the slot, rather than all at once. What a slice leaves runs in the slot current then.
+   */
   #produceSlot(): void {
     this.#advanceSlot(1);
     if (this.#queue.length === 0) return;
     const batch = this.#queue.length > MAX_TRANSACTIONS_PER_SLOT ? this.#queue.splice(0, MAX_TRANSACTIONS_PER_SLOT) : this.#queue;
     if (batch === this.#queue) this.#queue = [];
-    for (const tx of batch) this.#execute(tx);
+    if (this.#executeNext === this.#executing.length) {
+      this.#executing = batch;
+      this.#executeNext = 0;
+    } else {
+      for (const tx of batch) this.#executing.push(tx);
+    }
+    this.#executeSlice(EXECUTE_SLICE_MS);
+  }
+
+  /** Executes taken transactions for up to `budgetMs` (at least one); schedules the rest. */
+  #executeSlice(budgetMs: number): void {
+    const deadline = performance.now() + budgetMs;
+    do {
+      const tx = this.#executing[this.#executeNext]!;
+      this.#executeNext += 1;
+      try {
+        this.#execute(tx);
+      } catch (error) {
+        // Dropped without a status, as a cluster drops what it cannot process.
+        this.#inFlight.delete(tx.signature);
+        this.#log({ level: 'error', msg: 'transaction failed to execute', signature: tx.signature, err: String(error) });
+      }
+    } while (this.#executeNext < this.#executing.length && performance.now() < deadline);
+    if (this.#executeNext === this.#executing.length) {
+      this.#executing = [];
+      this.#executeNext = 0;
+    } else if (!this.#sliceScheduled) {
+      this.#sliceScheduled = setImmediate(() => {
+        this.#sliceScheduled = null;
+        if (!this.#closed && this.#executeNext < this.#executing.length) this.#executeSlice(EXECUTE_SLICE_MS);
+      });
+    }
     this.#schedulePersist();
   }
 
@@ -778,6 +822,8 @@ export class LocalValidator {
       if (this.#slotTimer) clearTimeout(this.#slotTimer);
       this.#slotTimer = null;
       while (this.#queue.length > 0) this.#produceSlot();
+      if (this.#executeNext < this.#executing.length) this.#executeSlice(Infinity);
+      if (this.#sliceScheduled) clearImmediate(this.#sliceScheduled);
       this.#closed = true;
       if (this.#persistTimer) clearTimeout(this.#persistTimer);
       this.#persistTimer = null;
@@ -844,7 +890,7 @@ export class LocalValidator {
   }
 
   get queuedCount(): number {
-    return this.#queue.length;
+    return this.#queue.length + this.#executing.length - this.#executeNext;
   }
 
   // ---------------------------------------------------------------------------------------------
