@@ -17,13 +17,24 @@ export interface Queryable {
   exec(sql: string): Promise<void>;
 }
 
+/** The statements of one transaction. */
+export interface Transaction extends Queryable {
+  /**
+   * The transaction's last statement, and its commit: on PostgreSQL the COMMIT is written right
+   * behind the statement, one round trip for both. Answers once both are done, so the rows
+   * answered are committed; throws (and nothing is committed) when either fails. The
+   * transaction takes no statement after it.
+   */
+  queryAndCommit<Row = Record<string, unknown>>(sql: string, params?: readonly unknown[]): Promise<Row[]>;
+}
+
 export interface Database extends Queryable {
   readonly kind: 'pglite' | 'postgres';
   /**
    * Runs `work` in one transaction (READ COMMITTED; use row locks for invariants). Commits when
-   * it resolves, rolls back when it throws.
+   * it resolves (unless `queryAndCommit` did), rolls back when it throws.
    */
-  transaction<T>(work: (tx: Queryable) => Promise<T>): Promise<T>;
+  transaction<T>(work: (tx: Transaction) => Promise<T>): Promise<T>;
   close(): Promise<void>;
 }
 
@@ -59,8 +70,11 @@ class PostgresDatabase implements Database {
     };
     const options = [`-c statement_timeout=${STATEMENT_TIMEOUT_MS}`];
     if (schema) options.push(`-c search_path=${schema}`);
+    // Pipelined (node-postgres' pipeline mode): a statement is written without waiting for the
+    // answer to the one before it on the connection, each with its own Sync, so an error still
+    // belongs to its statement alone. Only transaction() sends more than one at a time.
     this.#pool = new pg.Pool({
-      connectionString: url, max: POOL_MAX, types, options: options.join(' '), connectionTimeoutMillis: 10_000,
+      connectionString: url, max: POOL_MAX, types, options: options.join(' '), connectionTimeoutMillis: 10_000, pipeline: true,
     });
     // An idle client losing its connection must not crash the process; the pool replaces it.
     this.#pool.on('error', () => {});
@@ -75,16 +89,34 @@ class PostgresDatabase implements Database {
     await this.#pool.query(sql);
   }
 
-  async transaction<T>(work: (tx: Queryable) => Promise<T>): Promise<T> {
+  async transaction<T>(work: (tx: Transaction) => Promise<T>): Promise<T> {
     const client = await this.#pool.connect();
-    const tx: Queryable = {
-      query: async <Row>(sql: string, params: readonly unknown[] = []) =>
-        (await client.query(prepared(sql, params))).rows as Row[],
-      exec: async (sql: string) => { await client.query(sql); },
+    // The first statement goes out right behind BEGIN, without waiting for its answer. BEGIN on
+    // a connection out of the pool fails only when the connection does, and then so does every
+    // statement behind it; each statement still waits for BEGIN's answer before it answers.
+    const begun = client.query('BEGIN');
+    begun.catch(() => {});
+    let committed = false;
+    const statement = async (sql: string, params: readonly unknown[]) => {
+      if (committed) throw new Error('the transaction is committed: no statement may follow queryAndCommit');
+      return (await Promise.all([begun, client.query(prepared(sql, params))]))[1];
+    };
+    const tx: Transaction = {
+      query: async <Row>(sql: string, params: readonly unknown[] = []) => (await statement(sql, params)).rows as Row[],
+      exec: async (sql: string) => { await statement(sql, []); },
+      queryAndCommit: async <Row>(sql: string, params: readonly unknown[] = []) => {
+        const pending = statement(sql, params);
+        committed = true;
+        // After a failed statement the transaction is aborted, and COMMIT answers ROLLBACK.
+        const [result, commit] = await Promise.all([pending, client.query('COMMIT')]);
+        if (commit.command !== 'COMMIT') throw new Error(`the transaction ended in ${commit.command}, not COMMIT`);
+        return result.rows as Row[];
+      },
     };
     try {
-      await client.query('BEGIN');
       const result = await work(tx);
+      if (committed) return result;
+      await begun;
       await client.query('COMMIT');
       return result;
     } catch (error) {
@@ -117,12 +149,27 @@ class PGliteDatabase implements Database {
   // PGlite has one connection: its transaction() holds it exclusively until the work is done,
   // so other queries wait. Row locks are then trivially held, and the same SQL stays correct
   // on PostgreSQL where they matter.
-  async transaction<T>(work: (tx: Queryable) => Promise<T>): Promise<T> {
-    return this.#db.transaction(async (inner) => work({
-      query: async <Row>(sql: string, params: readonly unknown[] = []) =>
-        (await inner.query<Row>(sql, params as unknown[])).rows,
-      exec: async (sql: string) => { await inner.exec(sql); },
-    }));
+  async transaction<T>(work: (tx: Transaction) => Promise<T>): Promise<T> {
+    return this.#db.transaction(async (inner) => {
+      let committed = false;
+      const query = async <Row>(sql: string, params: readonly unknown[] = []) => {
+        if (committed) throw new Error('the transaction is committed: no statement may follow queryAndCommit');
+        return (await inner.query<Row>(sql, params as unknown[])).rows;
+      };
+      // No round trip to save in-process: the commit follows when `work` resolves.
+      return work({
+        query,
+        exec: async (sql: string) => {
+          if (committed) throw new Error('the transaction is committed: no statement may follow queryAndCommit');
+          await inner.exec(sql);
+        },
+        queryAndCommit: async <Row>(sql: string, params: readonly unknown[] = []) => {
+          const rows = await query<Row>(sql, params);
+          committed = true;
+          return rows;
+        },
+      });
+    });
   }
 
   async exec(sql: string): Promise<void> {

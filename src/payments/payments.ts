@@ -16,7 +16,7 @@ import type { Instruction } from '@solana/kit';
 import { address } from '@solana/kit';
 import { alertLargeTransactions, alertPolicyViolation } from '../automation/automation.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
-import type { Database, Queryable } from '../db/database.ts';
+import type { Database, Queryable, Transaction } from '../db/database.ts';
 import { GroupCommit, type BatchOutcome } from '../db/group-commit.ts';
 import { Params } from '../db/params.ts';
 import { ServiceError } from '../errors/errors.ts';
@@ -417,18 +417,18 @@ async function lockWallets(
  * Records a batch's accepted payments in one statement: their rows, the spends counted in the
  * windows, the vaults debited, and `transaction.pending` of each one signed to be sent (not
  * awaiting its co-signature). The parts write different tables and none reads what another
- * writes (each sees the tables as they were before the statement). Answers the rows in the
- * order of `inserts`.
+ * writes (each sees the tables as they were before the statement). It is the transaction's last
+ * statement and commits it in the same round trip. Answers the rows in the order of `inserts`.
  */
 async function recordAccepted(
-  tx: Queryable, nowMs: number, inserts: ReadonlyArray<NewTransaction & { id: string }>,
+  tx: Transaction, nowMs: number, inserts: ReadonlyArray<NewTransaction & { id: string }>,
   counted: ReadonlyMap<string, SpendWindows>, spent: ReadonlyMap<string, Spent>,
 ): Promise<TransactionRow[]> {
   if (inserts.length === 0) return [];
   const sent = inserts.filter((t) => t.signature !== null).map(pendingEventOf);
   const params = new Params();
   const recorded = insertTransactionsSql(params, nowMs, inserts);
-  const rows = await tx.query<TransactionRow>(
+  const rows = await tx.queryAndCommit<TransactionRow>(
     `WITH recorded AS (${recorded.sql} RETURNING *),
        counted AS (${saveSpendWindowsSql(params, counted)}),
        debited AS (${debitWalletsSql(params, nowMs, spent)}),

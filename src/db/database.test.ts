@@ -1,0 +1,83 @@
+/**
+ * Transactions, on the database the suite runs against (PGlite; PostgreSQL when DATABASE_URL is
+ * set, where BEGIN goes out with the first statement and queryAndCommit's COMMIT with the last):
+ * what a transaction wrote is there once it answered, and nothing of it when it failed.
+ */
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, before, test } from 'node:test';
+import { openDatabase, quoteIdentifier, type Database } from './database.ts';
+
+const databaseUrl = process.env.DATABASE_URL ?? null;
+const schema = databaseUrl ? `t_${randomBytes(6).toString('hex')}` : undefined;
+let db: Database;
+
+before(async () => {
+  db = await openDatabase({ databaseUrl, dataDir: null, schema });
+  await db.exec('CREATE TABLE items (id INT PRIMARY KEY, note TEXT NOT NULL)');
+});
+
+after(async () => {
+  if (schema) await db.query(`DROP SCHEMA ${quoteIdentifier(schema)} CASCADE`);
+  await db.close();
+});
+
+const notes = async () => (await db.query<{ id: number; note: string }>('SELECT id, note FROM items ORDER BY id')).map((row) => `${row.id}:${row.note}`);
+
+test('queryAndCommit answers the rows of its statement, committed: another connection sees them', async () => {
+  await db.query('DELETE FROM items');
+  const rows = await db.transaction(async (tx) => {
+    await tx.query('INSERT INTO items VALUES ($1, $2)', [1, 'first']);
+    return tx.queryAndCommit<{ id: number }>('INSERT INTO items VALUES ($1, $2), ($3, $4) RETURNING id', [2, 'second', 3, 'third']);
+  });
+  assert.deepEqual(rows.map((row) => row.id), [2, 3], 'the rows of the last statement');
+  assert.deepEqual(await notes(), ['1:first', '2:second', '3:third'], 'everything the transaction wrote is committed');
+});
+
+test('a failing last statement commits nothing: neither it nor the statements before it', async () => {
+  await db.query('DELETE FROM items');
+  await db.query('INSERT INTO items VALUES (1, $1)', ['kept']);
+  await assert.rejects(db.transaction(async (tx) => {
+    await tx.query('UPDATE items SET note = $1 WHERE id = 1', ['changed']);
+    await tx.query('INSERT INTO items VALUES ($1, $2)', [2, 'new']);
+    return tx.queryAndCommit('INSERT INTO items VALUES ($1, $2)', [1, 'duplicate']);
+  }), /duplicate key/, 'the statement\'s error is answered');
+  assert.deepEqual(await notes(), ['1:kept'], 'the transaction was rolled back');
+  // The connection went back to the pool usable, outside any transaction.
+  await db.transaction(async (tx) => tx.queryAndCommit('INSERT INTO items VALUES ($1, $2)', [3, 'after']));
+  assert.deepEqual(await notes(), ['1:kept', '3:after']);
+});
+
+test('no statement may follow queryAndCommit', async () => {
+  await db.query('DELETE FROM items');
+  await assert.rejects(db.transaction(async (tx) => {
+    await tx.queryAndCommit('INSERT INTO items VALUES ($1, $2)', [1, 'one']);
+    await tx.query('INSERT INTO items VALUES ($1, $2)', [2, 'two']);
+  }), /no statement may follow queryAndCommit/);
+  assert.deepEqual((await notes()).filter((note) => note.startsWith('2:')), [], 'the statement after it ran nowhere');
+});
+
+test('a transaction that throws after its statements commits nothing; one that returns commits', async () => {
+  await db.query('DELETE FROM items');
+  await assert.rejects(db.transaction(async (tx) => {
+    await tx.query('INSERT INTO items VALUES ($1, $2)', [1, 'one']);
+    throw new Error('changed my mind');
+  }), /changed my mind/);
+  assert.deepEqual(await notes(), [], 'rolled back');
+  await db.transaction(async (tx) => {
+    await tx.query('INSERT INTO items VALUES ($1, $2)', [1, 'one']);
+  });
+  assert.deepEqual(await notes(), ['1:one'], 'committed when the work resolved');
+});
+
+test('the first statement runs inside the transaction: a row lock it takes is held until the end', async () => {
+  await db.query('DELETE FROM items');
+  await db.query('INSERT INTO items VALUES (1, $1)', ['0']);
+  // Twenty increments by read-then-write under FOR UPDATE, side by side: none is lost.
+  await Promise.all(Array.from({ length: 20 }, () => db.transaction(async (tx) => {
+    const [row] = await tx.query<{ note: string }>('SELECT note FROM items WHERE id = $1 FOR UPDATE', [1]);
+    await new Promise((resolve) => setImmediate(resolve));
+    await tx.queryAndCommit('UPDATE items SET note = $2 WHERE id = $1', [1, String(Number(row!.note) + 1)]);
+  })));
+  assert.deepEqual(await notes(), ['1:20'], 'every increment saw the one before it');
+});
