@@ -27,6 +27,7 @@ import { generateKeyPairSigner } from '@solana/kit';
 import pg from 'pg';
 import { DAY_MS, HOUR_MS, monthKey } from '../src/payments/policy-engine.ts';
 import { freePort, stopProcess, waitForHealth } from '../test/processes.ts';
+import { RawPostClient } from './raw-post.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -637,8 +638,8 @@ async function closedLoop(baseUrl: string, bodies: string[], connectionCount: nu
  * second (lib/httpClient.js, reqsMadeThisSecond), i.e. full-speed bursts rather than the rate.
  */
 async function paced(baseUrl: string, bodies: string[], rate: number, durationS: number): Promise<LoadResult> {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 2_048 });
-  const url = new URL('/v1/payments', baseUrl);
+  const client = new RawPostClient(new URL('/v1/payments', baseUrl),
+    { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json' }, { maxSockets: 2_048, timeoutMs: REQUEST_TIMEOUT_MS });
   const total = Math.round(rate * durationS);
   const latenciesMs: number[] = [];
   let ok = 0;
@@ -646,26 +647,12 @@ async function paced(baseUrl: string, bodies: string[], rate: number, durationS:
   let errors = 0;
   const inFlight = new Set<Promise<void>>();
   const send = (k: number, scheduledAt: number) => {
-    const body = bodies[k % bodies.length]!;
-    const done = new Promise<void>((resolve) => {
-      const request = http.request(url, {
-        method: 'POST', agent, timeout: REQUEST_TIMEOUT_MS,
-        headers: { authorization: `Bearer ${ADMIN_KEY}`, 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
-      }, (response) => {
-        response.resume();
-        response.once('end', () => {
-          latenciesMs.push(performance.now() - scheduledAt);
-          if (response.statusCode === 200) ok += 1;
-          else non2xx += 1;
-          resolve();
-        });
-      });
-      request.once('timeout', () => request.destroy(new Error('timeout')));
-      request.once('error', () => {
-        errors += 1;
-        resolve();
-      });
-      request.end(body);
+    const done = client.post(bodies[k % bodies.length]!).then((status) => {
+      latenciesMs.push(performance.now() - scheduledAt);
+      if (status === 200) ok += 1;
+      else non2xx += 1;
+    }, () => {
+      errors += 1;
     });
     inFlight.add(done);
     void done.then(() => inFlight.delete(done));
@@ -678,7 +665,7 @@ async function paced(baseUrl: string, bodies: string[], rate: number, durationS:
     await sleep(1);
   }
   await Promise.all(inFlight);
-  agent.destroy();
+  client.close();
   return { ok, non2xx, errors, durationS, autocannon: null, latenciesMs };
 }
 
