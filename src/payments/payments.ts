@@ -13,8 +13,8 @@
  */
 import { createHash } from 'node:crypto';
 import type { Instruction } from '@solana/kit';
-import { address } from '@solana/kit';
 import { alertLargeTransactions, alertPolicyViolation } from '../automation/automation.ts';
+import { toAddress } from '../chain/base58.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable, Transaction } from '../db/database.ts';
 import { GroupCommit, type BatchOutcome } from '../db/group-commit.ts';
@@ -83,7 +83,7 @@ async function payInstructions(ctx: Ctx, wallet: WalletRow, txId: string, recipi
   return [
     referenceMemoIx(txId),
     await ctx.chain.payIx({
-      orgId: wallet.org_id, agentId: wallet.agent_id, policyId: wallet.policy_id, recipient: address(recipient),
+      orgId: wallet.org_id, agentId: wallet.agent_id, policyId: wallet.policy_id, recipient: toAddress(recipient),
       amount, attestation: attestationBytes(attestation),
     }),
   ];

@@ -5,7 +5,7 @@
  * wins over the one a payment request brings.
  */
 import { Type } from 'typebox';
-import { isAddress } from '@solana/kit';
+import { isAddressText } from '../chain/base58.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, type PageRequest, toPage } from '../http/pagination.ts';
@@ -56,7 +56,7 @@ function domainOf(text: string): string {
 }
 
 function addressOf(text: string): string {
-  if (!isAddress(text)) {
+  if (!isAddressText(text)) {
     throw new ServiceError('invalid_recipient', `address ${quoted(text)} is not a chain address (base58 of a 32-byte public key).`,
       { param: 'address' });
   }
@@ -222,7 +222,7 @@ export interface ResolvedRecipient {
 export type RecipientTarget = { address: string; domain: null } | { address: null; domain: string };
 
 export function recipientTarget(to: string): RecipientTarget | null {
-  if (isAddress(to)) return { address: to, domain: null };
+  if (isAddressText(to)) return { address: to, domain: null };
   const domain = normaliseDomain(to);
   return domain === null ? null : { address: null, domain };
 }
