@@ -1,7 +1,7 @@
 /**
  * The local validator: LiteSVM (the real Solana runtime, in-process) made to behave like a
- * cluster for the service. Transactions queue and execute at slot boundaries; the Clock sysvar
- * follows the service clock; blockhashes stay valid for 150 slots; accounts and transaction
+ * cluster for the service. Transactions execute as they arrive, a slice at a time, and become
+ * visible when their slot ends; the Clock sysvar follows the service clock; blockhashes stay valid for 150 slots; accounts and transaction
  * results survive restarts. README.md beside this file describes the design and its bounds.
  *
  * Durability rule: a transaction's status becomes visible (getSignatureStatuses) only after the
@@ -75,8 +75,8 @@ export const MAX_TRANSACTIONS_PER_SLOT = 4_000;
 /** Transactions waiting for a slot; beyond this sendTransaction is refused. */
 export const MAX_QUEUED_TRANSACTIONS = 50_000;
 /**
- * A slot's transactions execute this long at a time, then the thread answers what arrived
- * meanwhile (a sendTransaction waits at most this long behind a busy slot, not the whole slot).
+ * Sent transactions execute this long at a time, then the thread answers what arrived meanwhile
+ * (a call waits at most about this long behind a burst of transactions).
  */
 const EXECUTE_SLICE_MS = 2;
 /** The validator's own account starts with this much SOL for airdrops and cheatcode fees. */
@@ -225,11 +225,14 @@ export class LocalValidator {
   /** mint (latin1 of its bytes) → decimals, for the token balances of getTransaction. */
   readonly #mintDecimals = new Map<string, number>();
 
+  /** Sent and not yet executed, in arrival order, from `#queueHead` on. */
   #queue: WireTransaction[] = [];
-  /** Taken from the queue at slot boundaries, in order; executed a slice at a time. */
-  #executing: WireTransaction[] = [];
-  #executeNext = 0;
+  #queueHead = 0;
+  /** Executed in the current slot (at most MAX_TRANSACTIONS_PER_SLOT). */
+  #executedInSlot = 0;
   #sliceScheduled: NodeJS.Immediate | null = null;
+  /** A persist was asked for while one was being written: write again when it is done. */
+  #persistAgain = false;
   /** Signatures queued or executed but not yet visible: a resend must not run them twice. */
   readonly #inFlight = new Set<string>();
   #unpublished: ExecutedTransaction[] = [];
@@ -514,30 +517,39 @@ export class LocalValidator {
   }
 
   /**
-   * A slot boundary: new slot, clock from the service clock, and the queue taken for execution
-   * in arrival order, a slice at a time (`EXECUTE_SLICE_MS`): as a leader fills its block over
-   * the slot, rather than all at once. What a slice leaves runs in the slot current then.
+   * A slot boundary: the slot ends and a new one begins. What the ended slot executed is sealed:
+   * persisted with the state, and only then visible (its statuses, as `confirmed`). What its
+   * limit left waiting runs in the new slot.
    */
   #produceSlot(): void {
     this.#advanceSlot(1);
-    if (this.#queue.length === 0) return;
-    const batch = this.#queue.length > MAX_TRANSACTIONS_PER_SLOT ? this.#queue.splice(0, MAX_TRANSACTIONS_PER_SLOT) : this.#queue;
-    if (batch === this.#queue) this.#queue = [];
-    if (this.#executeNext === this.#executing.length) {
-      this.#executing = batch;
-      this.#executeNext = 0;
-    } else {
-      for (const tx of batch) this.#executing.push(tx);
-    }
-    this.#executeSlice(EXECUTE_SLICE_MS);
+    this.#executedInSlot = 0;
+    if (this.#unpublished.length > 0 || this.#stateDirty) this.#schedulePersist();
+    this.#scheduleSlice();
   }
 
-  /** Executes taken transactions for up to `budgetMs` (at least one); schedules the rest. */
+  #scheduleSlice(): void {
+    if (this.#sliceScheduled || this.#closed || this.queuedCount === 0) return;
+    this.#sliceScheduled = setImmediate(() => {
+      this.#sliceScheduled = null;
+      this.#executeSlice(EXECUTE_SLICE_MS);
+    });
+  }
+
+  /**
+   * Executes sent transactions in arrival order, as a leader fills its block while the slot
+   * runs, for up to `budgetMs` (at least one) and within the slot's limit; schedules the rest
+   * after a turn of the event loop, so that calls are answered in between. The Clock sysvar
+   * follows the service clock's second (never back) as they run.
+   */
   #executeSlice(budgetMs: number): void {
+    if (this.queuedCount === 0 || this.#executedInSlot >= MAX_TRANSACTIONS_PER_SLOT) return;
+    if (Math.floor(this.#clock.nowMs() / 1000) > this.#lastUnixTimestamp) this.#setClockSysvar();
     const deadline = performance.now() + budgetMs;
     do {
-      const tx = this.#executing[this.#executeNext]!;
-      this.#executeNext += 1;
+      const tx = this.#queue[this.#queueHead]!;
+      this.#queueHead += 1;
+      this.#executedInSlot += 1;
       try {
         this.#execute(tx);
       } catch (error) {
@@ -545,17 +557,15 @@ export class LocalValidator {
         this.#inFlight.delete(tx.signature);
         this.#log({ level: 'error', msg: 'transaction failed to execute', signature: tx.signature, err: String(error) });
       }
-    } while (this.#executeNext < this.#executing.length && performance.now() < deadline);
-    if (this.#executeNext === this.#executing.length) {
-      this.#executing = [];
-      this.#executeNext = 0;
-    } else if (!this.#sliceScheduled) {
-      this.#sliceScheduled = setImmediate(() => {
-        this.#sliceScheduled = null;
-        if (!this.#closed && this.#executeNext < this.#executing.length) this.#executeSlice(EXECUTE_SLICE_MS);
-      });
+    } while (this.queuedCount > 0 && this.#executedInSlot < MAX_TRANSACTIONS_PER_SLOT && performance.now() < deadline);
+    if (this.queuedCount === 0) {
+      this.#queue = [];
+      this.#queueHead = 0;
+    } else if (this.#queueHead > 4096) {
+      this.#queue = this.#queue.slice(this.#queueHead);
+      this.#queueHead = 0;
     }
-    this.#schedulePersist();
+    if (this.#executedInSlot < MAX_TRANSACTIONS_PER_SLOT) this.#scheduleSlice();
   }
 
   /** Moves the service clock forward to at least `unixMs` (never back) and the sysvar with it. */
@@ -601,7 +611,7 @@ export class LocalValidator {
       if (simulation.err === 'SignatureFailure') throw new SignatureVerificationError();
       if (simulation.err !== null) throw new PreflightFailureError(simulation);
     }
-    if (this.#queue.length >= MAX_QUEUED_TRANSACTIONS) throw new ValidatorBusyError(this.#queue.length);
+    if (this.queuedCount >= MAX_QUEUED_TRANSACTIONS) throw new ValidatorBusyError(this.queuedCount);
     this.#inFlight.add(tx.signature);
     if (this.slotMs === 0) {
       this.#rollImmediateSlot(); // also sets the Clock sysvar from the service clock
@@ -609,6 +619,7 @@ export class LocalValidator {
       this.#schedulePersist();
     } else {
       this.#queue.push(tx);
+      this.#scheduleSlice();
     }
     return tx.signature;
   }
@@ -745,7 +756,11 @@ export class LocalValidator {
       this.#stateDirty = false;
       return;
     }
-    if (this.#persistTimer || this.#persisting) return;
+    if (this.#persistTimer) return;
+    if (this.#persisting) {
+      this.#persistAgain = true;
+      return;
+    }
     const waitMs = Math.max(0, this.#lastPersistStartMs + this.#persistIntervalMs - Date.now());
     this.#persistTimer = setTimeout(() => {
       this.#persistTimer = null;
@@ -786,6 +801,7 @@ export class LocalValidator {
       lastUnixTimestamp: this.#lastUnixTimestamp,
     };
     const run = (async () => {
+      let failed = false;
       try {
         await this.#store.append(batch);
         await writeSnapshot(dataDir, meta, state);
@@ -795,11 +811,17 @@ export class LocalValidator {
         // Nothing was made visible; the batch goes out with the next snapshot.
         this.#unpublished = batch.concat(this.#unpublished);
         this.#stateDirty = true;
+        failed = true;
         this.#log({ level: 'error', msg: 'validator snapshot failed', err: String(error) });
       } finally {
         this.#persisting = null;
       }
-      if (!this.#closed && (this.#unpublished.length > 0 || this.#stateDirty)) this.#schedulePersist();
+      // Asked for meanwhile, or failed: again. Otherwise what executes from now on waits for its
+      // slot's end, not for this write.
+      if (!this.#closed && (failed || this.#persistAgain)) {
+        this.#persistAgain = false;
+        this.#schedulePersist();
+      }
     })();
     this.#persisting = run;
     return run;
@@ -821,9 +843,15 @@ export class LocalValidator {
     this.#closing = (async () => {
       if (this.#slotTimer) clearTimeout(this.#slotTimer);
       this.#slotTimer = null;
-      while (this.#queue.length > 0) this.#produceSlot();
-      if (this.#executeNext < this.#executing.length) this.#executeSlice(Infinity);
       if (this.#sliceScheduled) clearImmediate(this.#sliceScheduled);
+      this.#sliceScheduled = null;
+      while (this.queuedCount > 0) {
+        if (this.#executedInSlot >= MAX_TRANSACTIONS_PER_SLOT) {
+          this.#advanceSlot(1);
+          this.#executedInSlot = 0;
+        }
+        this.#executeSlice(Infinity);
+      }
       this.#closed = true;
       if (this.#persistTimer) clearTimeout(this.#persistTimer);
       this.#persistTimer = null;
@@ -890,7 +918,7 @@ export class LocalValidator {
   }
 
   get queuedCount(): number {
-    return this.#queue.length + this.#executing.length - this.#executeNext;
+    return this.#queue.length - this.#queueHead;
   }
 
   // ---------------------------------------------------------------------------------------------
