@@ -23,7 +23,8 @@ export interface Transaction extends Queryable {
    * The transaction's last statement, and its commit: on PostgreSQL the COMMIT is written right
    * behind the statement, one round trip for both. Answers once both are done, so the rows
    * answered are committed; throws (and nothing is committed) when either fails. The
-   * transaction takes no statement after it.
+   * transaction takes no statement after it, and the work should return right after it: on
+   * PostgreSQL the transaction is committed even if the work throws later.
    */
   queryAndCommit<Row = Record<string, unknown>>(sql: string, params?: readonly unknown[]): Promise<Row[]>;
 }
