@@ -75,7 +75,6 @@ export class RawPostClient {
 
   #send(connection: Connection, waiter: Waiter): void {
     connection.waiter = waiter;
-    connection.received = Buffer.alloc(0);
     connection.timer = setTimeout(() => connection.socket.destroy(new Error('timeout')), this.#timeoutMs);
     connection.socket.write(`${this.#head}content-length: ${Buffer.byteLength(waiter.body)}\r\n\r\n${waiter.body}`);
   }

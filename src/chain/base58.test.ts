@@ -25,7 +25,7 @@ function nearMisses(text: string): string[] {
   return [
     text.slice(0, -1), `${text}${other}`, `1${text}`, `${text.slice(0, at)}0${text.slice(at + 1)}`,
     `${text.slice(0, at)}${other}${text.slice(at + 1)}`, `${text.slice(0, at)}l${text.slice(at + 1)}`, ` ${text}`, text.toLowerCase(),
-    'z'.repeat(44), '1'.repeat(32), '1'.repeat(31), `${'1'.repeat(44)}`, '',
+    'z'.repeat(44), '1'.repeat(32), '1'.repeat(31), '1'.repeat(44), '',
   ];
 }
 

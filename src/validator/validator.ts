@@ -1,8 +1,9 @@
 /**
  * The local validator: LiteSVM (the real Solana runtime, in-process) made to behave like a
  * cluster for the service. Transactions execute as they arrive, a slice at a time, and become
- * visible when their slot ends; the Clock sysvar follows the service clock; blockhashes stay valid for 150 slots; accounts and transaction
- * results survive restarts. README.md beside this file describes the design and its bounds.
+ * visible when their slot ends; the Clock sysvar follows the service clock; blockhashes stay
+ * valid for 150 slots; accounts and transaction results survive restarts. docs/validator.md
+ * describes the design and its bounds.
  *
  * Durability rule: a transaction's status becomes visible (getSignatureStatuses) only after the
  * chain snapshot containing its effects, and its status line, are on disk. The service treats a
