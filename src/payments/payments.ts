@@ -335,8 +335,10 @@ interface Spent { amount: bigint; lastBlocked: boolean }
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
-    const { wallets, liveKeys } = await lockWallets(tx, items);
-    const windows = await spendWindowsOf(tx, [...wallets.keys()], nowMs);
+    // Sent together, one round trip: the windows' statement runs after the locks are held.
+    const [{ wallets, liveKeys }, windows] = await Promise.all([
+      lockWallets(tx, items), spendWindowsOf(tx, walletIdsOf(items), nowMs),
+    ]);
 
     const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
     const inserts: Array<NewTransaction & { id: string }> = [];
@@ -403,6 +405,10 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
   });
 }
 
+function walletIdsOf(items: readonly PaymentToRecord[]): string[] {
+  return [...new Set(items.map((item) => item.input.walletId))].sort();
+}
+
 /**
  * Locks the vaults' rows, by id, and reads their policies' rules and which of the paying API
  * keys are not revoked in the same statement. One that waited for a lock answers the locked row
@@ -416,7 +422,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
 async function lockWallets(
   tx: Queryable, items: readonly PaymentToRecord[],
 ): Promise<{ wallets: Map<string, LockedWallet>; liveKeys: Set<string> }> {
-  const walletIds = [...new Set(items.map((item) => item.input.walletId))].sort();
+  const walletIds = walletIdsOf(items);
   const keyIds = [...new Set(items.flatMap((item) => (item.keyId === null ? [] : [item.keyId])))];
   const rows = await tx.query<LockedWallet & { live_key_ids: string[] }>(
     `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS},
