@@ -1,6 +1,6 @@
 /**
  * The group commit queue: what arrives while a batch is being written goes into the next one,
- * in order; an idle queue writes at once; one item's refusal is its own; a failed batch is
+ * in order; an idle queue writes at once (or, gathering, once the callbacks queued with it have run); one item's refusal is its own; a failed batch is
  * written again item by item, so only the item that failed it fails.
  */
 import assert from 'node:assert/strict';
@@ -36,6 +36,22 @@ test('an idle queue writes at once; what arrives meanwhile is written together n
   assert.deepEqual(w.batches, [[0], [2, 4, 6, 8]], 'the waiting items went together, in arrival order');
   w.finish.shift()!();
   assert.deepEqual(await Promise.all(rest), ['wrote 2', 'wrote 4', 'wrote 6', 'wrote 8']);
+});
+
+test('gathering, an idle queue writes what was submitted together (waiters woken by one answer) as one batch', async () => {
+  const w = controlledWrite();
+  const queue = new GroupCommit(w.write, { maxBatch: 100, concurrency: 1, gather: true });
+  // Many waiters woken by one answer, each submitting from its own microtask.
+  const woken = [0, 2, 4, 6].map((n) => Promise.resolve().then(() => queue.submit(n)));
+  await w.settle();
+  assert.deepEqual(w.batches, [[0, 2, 4, 6]], 'the first did not go alone ahead of the others');
+  w.finish.shift()!();
+  assert.deepEqual(await Promise.all(woken), ['wrote 0', 'wrote 2', 'wrote 4', 'wrote 6']);
+  const later = queue.submit(8);
+  await w.settle();
+  assert.deepEqual(w.batches, [[0, 2, 4, 6], [8]], 'an item submitted alone is written alone, a turn later');
+  w.finish.shift()!();
+  assert.equal(await later, 'wrote 8');
 });
 
 test('batches are capped, and run side by side up to the concurrency', async () => {

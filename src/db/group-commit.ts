@@ -18,24 +18,40 @@ export class GroupCommit<Item, Result> {
   readonly #write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>;
   readonly #maxBatch: number;
   readonly #concurrency: number;
+  readonly #gather: boolean;
+  #gathering = false;
   #queue: Array<Waiting<Item, Result>> = [];
   #running = 0;
 
   /**
    * `write` answers one outcome per item, in order, and must write nothing when it throws (one
    * database transaction). At most `concurrency` batches are written at once, each of at most
-   * `maxBatch` items.
+   * `maxBatch` items. `gather`: an idle queue waits until the promise callbacks queued meanwhile
+   * have run before it writes, so that work submitted together (many waiters woken by one answer)
+   * is written as one batch rather than a batch of one and then the rest.
    */
-  constructor(write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>, options: { maxBatch: number; concurrency: number }) {
+  constructor(
+    write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>, options: { maxBatch: number; concurrency: number; gather?: boolean },
+  ) {
     this.#write = write;
     this.#maxBatch = options.maxBatch;
     this.#concurrency = options.concurrency;
+    this.#gather = options.gather ?? false;
   }
 
   submit(item: Item): Promise<Result> {
     return new Promise<Result>((resolve, reject) => {
       this.#queue.push({ item, resolve, reject });
-      this.#next();
+      if (!this.#gather) this.#next();
+      else if (!this.#gathering) {
+        this.#gathering = true;
+        // After the promise callbacks queued now have run (they may submit too), without waiting
+        // for the event loop to turn: work made of promise callbacks only would hold that off.
+        process.nextTick(() => {
+          this.#gathering = false;
+          this.#next();
+        });
+      }
     });
   }
 

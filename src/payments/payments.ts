@@ -478,8 +478,9 @@ async function send(ctx: Ctx, prepared: PreparedTransaction, recorded: Transacti
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a payment failed');
   }
   if (wait) {
-    await awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
-    return reload(ctx.db, recorded.id);
+    const settlement = await awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
+    // The row as its settlement left it; read again only when another settled it (or none yet).
+    return settlement?.rows.find((row) => row.id === recorded.id) ?? reload(ctx.db, recorded.id);
   }
   // Settled in the background; the reconciler covers a process that stops before.
   void awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS).catch((error) =>

@@ -247,24 +247,29 @@ function settlerOf(ctx: Pick<AppContext, 'db' | 'clock'>): GroupCommit<{ signatu
   let settler = settlers.get(ctx.db);
   if (!settler) {
     settler = new GroupCommit(async (items) => (await settleSignatures(ctx.db, ctx.clock.nowMs(), items))
-      .map((value) => ({ ok: true as const, value })), { maxBatch: 256, concurrency: 1 });
+      .map((value) => ({ ok: true as const, value })), { maxBatch: 256, concurrency: 1, gather: true });
     settlers.set(ctx.db, settler);
   }
   return settler;
 }
 
+/** A chain outcome, and the rows this process settled from it (none when another settled them first). */
+export interface Settlement {
+  outcome: TransactionOutcome;
+  rows: TransactionRow[];
+}
+
 /** Waits for the chain's outcome and settles; null when it did not come in time (the reconciler will). */
 export async function awaitSettlement(
   ctx: Pick<AppContext, 'db' | 'chain' | 'clock'>, signature: string, timeoutMs: number,
-): Promise<TransactionOutcome | null> {
+): Promise<Settlement | null> {
   let outcome: TransactionOutcome;
   try {
     outcome = await ctx.chain.waitForOutcome(signature as Signature, timeoutMs);
   } catch {
     return null;
   }
-  await settlerOf(ctx).submit({ signature, outcome });
-  return outcome;
+  return { outcome, rows: await settlerOf(ctx).submit({ signature, outcome }) };
 }
 
 /**

@@ -47,10 +47,10 @@ async function settle(ctx: Ctx, prepared: PreparedTransaction, recorded: Transac
     // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a transaction failed');
   }
-  const outcome = await awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS);
+  const settlement = await awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS);
   const ids = recorded.map((row) => row.id);
   const rows = await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1) ORDER BY id', [ids]);
-  return { transactions: rows, status: outcome === null ? 'pending' : outcome.err ? 'failed' : 'confirmed' };
+  return { transactions: rows, status: settlement === null ? 'pending' : settlement.outcome.err ? 'failed' : 'confirmed' };
 }
 
 /** A move as recorded under its chain signature (an idempotent retry's answer after a crash). */
