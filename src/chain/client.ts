@@ -107,6 +107,12 @@ export interface ChainClientOptions {
   pollIntervalMs?: number;
   /** how long a fetched blockhash is reused (default 5 s; clusters accept ~60 s) */
   blockhashMaxAgeMs?: number;
+  /**
+   * the chain runs inside this process (the embedded validator): a transaction it took but has
+   * not yet persisted is lost with the process all the same, so waiting for it to be taken
+   * protects nothing (default false)
+   */
+  embedded?: boolean;
 }
 
 interface Waiter {
@@ -130,6 +136,8 @@ export class ChainClient {
   readonly usdcMint: Address;
   readonly operator: KeyPairSigner;
   readonly arbiter: KeyPairSigner;
+  /** ChainClientOptions.embedded */
+  readonly embedded: boolean;
   readonly #pollIntervalMs: number;
   readonly #blockhashMaxAgeMs: number;
   #blockhash: { value: { blockhash: Blockhash; lastValidBlockHeight: bigint }; fetchedAtMs: number } | null = null;
@@ -149,6 +157,7 @@ export class ChainClient {
     this.operator = options.operator;
     this.arbiter = options.arbiter;
     if (this.arbiter.address === this.operator.address) throw new Error('the arbiter key must differ from the operator key');
+    this.embedded = options.embedded ?? false;
     this.#pollIntervalMs = options.pollIntervalMs ?? 100;
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
     this.#signer = new FastSigner([this.operator, this.arbiter]);

@@ -83,6 +83,7 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     }
     const chain = new ChainClient({
       rpc, programId: address(programId), usdcMint: address(usdcMint), operator, arbiter,
+      embedded: embedded !== null,
       // In-process a status poll is cheap: every 20 ms, so a confirmation is seen soon after its
       // slot. Over the network, at most a tenth of a second.
       pollIntervalMs: embedded !== null ? 20 : Math.max(10, Math.min(100, Math.floor(config.slotMs / 4) || 10)),

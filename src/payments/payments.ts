@@ -469,22 +469,28 @@ function debitWalletsSql(params: Params, nowMs: number, spent: ReadonlyMap<strin
        ${params.array('boolean', all.map(([, s]) => s.lastBlocked))}) AS d(id, amount, last_blocked) WHERE w.id = d.id`;
 }
 
-/** Sends a recorded payment; with `wait`, answers it as the chain settled it. */
+/**
+ * Sends a recorded payment and, when asked, waits for its outcome and settles it. Not waiting,
+ * the answer goes out once a chain of its own (a cluster, a validator in another process) has
+ * taken the transaction: the payment then lands even if this process stops. The embedded
+ * validator stops with this process, taken or not, so there the answer goes out as the
+ * transaction leaves. Whatever becomes of the send, the payment is recorded with its
+ * signature, and the settlement below or the reconciler learns the outcome from the chain.
+ */
 async function send(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow, wait: boolean): Promise<TransactionRow> {
-  try {
-    await ctx.chain.submit(prepared);
-  } catch (error) {
+  const submitted = ctx.chain.submit(prepared).catch((error: unknown) => {
     // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a payment failed');
-  }
+  });
+  const settled = awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
   if (wait) {
-    const settlement = await awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
+    const [, settlement] = await Promise.all([submitted, settled]);
     // The row as its settlement left it; read again only when another settled it (or none yet).
     return settlement?.rows.find((row) => row.id === recorded.id) ?? reload(ctx.db, recorded.id);
   }
   // Settled in the background; the reconciler covers a process that stops before.
-  void awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS).catch((error) =>
-    ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  settled.catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  if (!ctx.chain.embedded) await submitted;
   return recorded;
 }
 
