@@ -5,6 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { openDatabase, quoteIdentifier, type Database } from './database.ts';
 
@@ -80,4 +81,26 @@ test('the first statement runs inside the transaction: a row lock it takes is he
     await tx.queryAndCommit('UPDATE items SET note = $2 WHERE id = $1', [1, String(Number(row!.note) + 1)]);
   })));
   assert.deepEqual(await notes(), ['1:20'], 'every increment saw the one before it');
+});
+
+test('statements issued together leave in one write: BEGIN with the first ones, the last with COMMIT', {
+  skip: databaseUrl ? false : 'PGlite has no socket',
+}, async () => {
+  await db.query('DELETE FROM items');
+  // Counted where a socket hands its bytes to the system: one call per write.
+  const socket = Socket.prototype as unknown as Record<'_write' | '_writev', (...args: unknown[]) => unknown>;
+  const [write, writev] = [socket._write, socket._writev];
+  let writes = 0;
+  socket._write = function counted(...args: unknown[]) { writes += 1; return write.apply(this, args); };
+  socket._writev = function counted(...args: unknown[]) { writes += 1; return writev.apply(this, args); };
+  try {
+    await db.transaction(async (tx) => {
+      await Promise.all([tx.query('INSERT INTO items VALUES ($1, $2)', [1, 'a']), tx.query('INSERT INTO items VALUES ($1, $2)', [2, 'b'])]);
+      await tx.queryAndCommit('INSERT INTO items VALUES ($1, $2)', [3, 'c']);
+    });
+  } finally {
+    [socket._write, socket._writev] = [write, writev];
+  }
+  assert.equal(writes, 2, 'BEGIN and two statements in one write, the last statement and COMMIT in another');
+  assert.deepEqual(await notes(), ['1:a', '2:b', '3:c']);
 });
