@@ -1,7 +1,8 @@
 /**
  * The group commit queue: what arrives while a batch is being written goes into the next one,
- * in order; an idle queue writes at once (or, gathering, once the callbacks queued with it have run); one item's refusal is its own; a failed batch is
- * written again item by item, so only the item that failed it fails.
+ * in order; an idle queue writes at once (or, gathering, once the callbacks queued with it have
+ * run); one item's refusal is its own; a failed batch is written again item by item, so only
+ * the item that failed it fails.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
@@ -49,7 +50,7 @@ test('gathering, an idle queue writes what was submitted together (waiters woken
   assert.deepEqual(await Promise.all(woken), ['wrote 0', 'wrote 2', 'wrote 4', 'wrote 6']);
   const later = queue.submit(8);
   await w.settle();
-  assert.deepEqual(w.batches, [[0, 2, 4, 6], [8]], 'an item submitted alone is written alone, a turn later');
+  assert.deepEqual(w.batches, [[0, 2, 4, 6], [8]], 'an item submitted alone is written alone');
   w.finish.shift()!();
   assert.equal(await later, 'wrote 8');
 });
