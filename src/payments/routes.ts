@@ -28,7 +28,7 @@ const PaymentFields = {
   category: Type.Optional(Type.String({ pattern: CATEGORY, description: 'used when the recipient directory has none' })),
   idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
   waitForConfirmation: Type.Optional(Type.Boolean({
-    default: true, description: 'false: answer as soon as the payment is recorded (status pending); it is sent as the answer goes out',
+    default: true, description: 'false: answer `pending` once the payment is recorded (and, on an external chain, taken by it), without waiting for confirmation',
   })),
 };
 
