@@ -268,8 +268,12 @@ const POOL_DESTINATIONS_MAX = 256;
  * on our side, which would eat into its deadline and fail a receiver that is not slow.
  */
 const POOL_SOCKETS_PER_DESTINATION = 256;
-/** Idle connections kept per destination. */
-const POOL_IDLE_SOCKETS_PER_DESTINATION = 16;
+/**
+ * Idle connections kept per destination: as many as the webhook dispatcher sends at once to
+ * one webhook (a stream batch goes out 32 at a time), so a busy webhook's calls reuse
+ * connections instead of opening and closing one per call.
+ */
+const POOL_IDLE_SOCKETS_PER_DESTINATION = 32;
 /** An idle connection is closed after this: below the 5 s keep-alive of common servers (Node's), so the server rarely closes it first. */
 const POOL_IDLE_MS = 2_000;
 const agents = new Map<string, HttpAgent>();
@@ -376,8 +380,10 @@ function sendOnce(
         body: Buffer.concat(chunks, size),
         latencyMs: Math.round(performance.now() - startedMs),
       })));
-      response.on('error', () => fail(new OutboundError('network', 'the connection broke while reading the response')));
-      response.on('close', () => fail(new OutboundError('network', 'the connection closed before the response was complete')));
+      // Checked before building the error: 'close' follows every complete response too, and an
+      // Error captures a stack trace, which costs more than the rest of a small request.
+      response.on('error', () => settled || fail(new OutboundError('network', 'the connection broke while reading the response')));
+      response.on('close', () => settled || fail(new OutboundError('network', 'the connection closed before the response was complete')));
     });
     request.on('error', (error: NodeJS.ErrnoException) => {
       const failure = new OutboundError('network', `the request failed (${error.code ?? 'connection error'})`);
