@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { newId } from './ids.ts';
+import { derivedId, newId } from './ids.ts';
 
 describe('newId', () => {
   test('prefix, 10 characters of time and 16 random ones, in Crockford base32', () => {
@@ -25,5 +25,19 @@ describe('newId', () => {
     }
     assert.equal(seen.size, 20_000, 'no repeat in 20,000 ids of one millisecond');
     assert.deepEqual(characters.map((set) => set.size), Array(16).fill(32), 'all 32 characters appear in each position');
+  });
+});
+
+describe('derivedId', () => {
+  test('the same time and seed give the same id; another seed or time another one', () => {
+    const at = Date.UTC(2026, 10, 23);
+    const id = derivedId('dlv', at, 'whk_a\nevt_b');
+    assert.match(id, /^dlv_[0-9a-hjkmnp-tv-z]{26}$/);
+    assert.equal(derivedId('dlv', at, 'whk_a\nevt_b'), id);
+    assert.equal(id.slice(0, 14), newId('dlv', at).slice(0, 14), 'the time part is newId\'s: derived ids sort among the others');
+    assert.notEqual(derivedId('dlv', at, 'whk_a\nevt_c'), id);
+    assert.notEqual(derivedId('dlv', at + 1, 'whk_a\nevt_b'), id);
+    const tails = new Set(Array.from({ length: 2_000 }, (_, i) => derivedId('dlv', at, `seed ${i}`).slice(14)));
+    assert.equal(tails.size, 2_000, 'distinct seeds, distinct ids');
   });
 });

@@ -2,7 +2,7 @@
  * Opaque, prefixed, time-sortable identifiers: `<prefix>_` + 10 characters of millisecond time
  * and 16 of randomness in Crockford base32 (a ULID), so ids sort by creation time.
  */
-import { randomFillSync } from 'node:crypto';
+import { createHash, randomFillSync } from 'node:crypto';
 
 const ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz';
 
@@ -29,19 +29,32 @@ function takeRandom(): number {
 }
 
 export function newId(prefix: IdPrefix, nowMs: number): string {
+  return encodeId(prefix, nowMs, pool, takeRandom());
+}
+
+/**
+ * An id made from `seed` instead of randomness: the same time and seed give the same id. For
+ * things named by what they are about (a webhook's delivery of one event), so that whoever
+ * records them, at whatever moment, names them alike.
+ */
+export function derivedId(prefix: IdPrefix, nowMs: number, seed: string): string {
+  return encodeId(prefix, nowMs, createHash('sha256').update(seed, 'utf8').digest(), 0);
+}
+
+/** `<prefix>_` + 10 characters of `ms` + 16 characters of the 10 bytes of `bytes` at `start`. */
+function encodeId(prefix: IdPrefix, ms: number, bytes: Buffer, start: number): string {
   let time = '';
-  let t = nowMs;
+  let t = ms;
   for (let i = 0; i < 10; i += 1) {
     time = ALPHABET[t % 32] + time;
     t = Math.floor(t / 32);
   }
-  // 80 random bits as 16 characters of 5 bits, from the last character back.
-  const start = takeRandom();
+  // 80 bits as 16 characters of 5 bits, from the last character back.
   let tail = '';
   let bits = 0;
   let bitCount = 0;
   for (let i = start + RANDOM_BYTES - 1; i >= start; i -= 1) {
-    bits |= pool[i]! << bitCount;
+    bits |= bytes[i]! << bitCount;
     bitCount += 8;
     while (bitCount >= 5) {
       tail = ALPHABET[bits & 31] + tail;

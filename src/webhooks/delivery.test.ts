@@ -14,8 +14,9 @@ import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { openDatabase } from '../db/database.ts';
+import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
-import { claimDueAttempts, deliveryLag, dispatchWebhooks } from './delivery.ts';
+import { claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks } from './delivery.ts';
 import { startReceiver, type ReceivedRequest, type Receiver } from './testing.ts';
 
 /** SPEC.md: attempt 2 after 1 minute, 3 after 5 minutes, 4 after 30 minutes, 5 after 2 hours. */
@@ -279,32 +280,35 @@ describe('webhook deliveries', () => {
     }
   });
 
-  test('a worker that dies mid-attempt loses no event: the claim lapses and the next attempt delivers it', async () => {
+  test('a worker that dies mid-batch loses no event: its lease lapses and the second attempt delivers it', async () => {
     const { key, webhookId } = await setUp('/crash', ['policy.created']);
     const event = await newPolicyEvent(key, 'Crash');
-    // A worker claims the attempt and dies before sending or recording anything.
-    const claims = await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
-    const mine = claims.find((claim) => claim.eventId === event);
-    assert.ok(mine, 'the attempt was claimed');
+    // A worker takes the webhook's new events and dies before sending or recording anything.
+    const stream = await claimStream(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
+    assert.ok(stream, 'the stream was claimed');
+    assert.equal(stream.webhookId, webhookId);
+    const mine = stream.attempts.find((attempt) => attempt.eventId === event);
+    assert.ok(mine, 'the event is in the claimed batch');
     assert.equal(mine.attempt, 1);
 
-    // While the claim holds, no other worker makes the attempt.
+    // While the lease holds, no other worker makes the attempt; the log shows attempts with their outcome.
     await t.service.jobs.runOnce();
     assert.equal(arrivals('/crash').length, 0, 'the claimed attempt is not made twice');
-    const [claimed] = await deliveries(key, webhookId, `&eventId=${event}`);
-    assert.equal(claimed!.attempts[0]!.outcome, 'in_flight');
+    assert.deepEqual(await deliveries(key, webhookId), [], 'nothing recorded while the lease holds');
 
-    // The claim lasts until the next attempt's time; then the event is delivered.
-    await advance(Math.ceil((Date.parse(claimed!.next_attempt_at!) - await serviceNowMs()) / 1000) + 1);
+    // The lease lasts until the second attempt's time; then the first counts as lost and the second delivers.
+    await advance(Math.ceil((stream.lease.expiresAt.getTime() - await serviceNowMs()) / 1000) + 1);
     await t.service.jobs.runOnce();
     const hits = arrivals('/crash');
     assert.equal(hits.length, 1);
     assert.equal(hits[0]!.body.id, event);
     assert.equal(hits[0]!.headers['service-delivery-attempt'], '2');
+    assert.equal(hits[0]!.headers['service-delivery-id'], mine.deliveryId, 'the delivery keeps the id the lost attempt had');
     const [delivered] = await deliveries(key, webhookId, `&eventId=${event}`);
     assert.equal(delivered!.status, 'delivered');
     assert.deepEqual(delivered!.attempts.map((a) => a.outcome), ['lost', 'succeeded']);
     assert.match(delivered!.attempts[0]!.error!, /stopped/);
+    assert.equal(Date.parse(delivered!.attempts[0]!.next_attempt_at!) - Date.parse(delivered!.attempts[0]!.attempted_at), RETRY_DELAYS_MS[0]);
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
@@ -358,6 +362,47 @@ describe('webhook deliveries', () => {
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
+  test('an event whose transaction commits late is delivered: later events wait for it, none is skipped', async (context) => {
+    const databaseUrl = process.env.DATABASE_URL;
+    if (!databaseUrl) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
+      return;
+    }
+    const { key, webhookId } = await setUp('/late', ['policy.created']);
+    const [{ schema }] = await t.service.ctx.db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
+    const orgId = (await t.service.ctx.db.query<{ org_id: string }>('SELECT org_id FROM webhooks WHERE id = $1', [webhookId]))[0]!.org_id;
+    let release = () => {};
+    const released = new Promise<void>((resolve) => { release = resolve; });
+    try {
+      let written!: () => void;
+      const wasWritten = new Promise<void>((resolve) => { written = resolve; });
+      const lateId = newId('evt', t.service.ctx.clock.nowMs());
+      // A transaction writes its event first, and commits only after a later event has committed.
+      const late = other.transaction(async (tx) => {
+        await tx.query(
+          `INSERT INTO events (id, org_id, type, severity, summary, payload, created_at)
+           VALUES ($1, $2, 'policy.created', 'info', 'late', '{}', $3)`, [lateId, orgId, new Date(t.service.ctx.clock.nowMs())]);
+        written();
+        await released;
+      });
+      await wasWritten;
+      const early = await newPolicyEvent(key, 'Committed first');
+      await t.service.jobs.runOnce();
+      assert.deepEqual(arrivals('/late').map((r) => r.body.id), [], 'nothing passes an open transaction that wrote an event');
+      release();
+      await late;
+      await t.service.jobs.runOnce();
+      assert.deepEqual(arrivals('/late').map((r) => r.body.id).sort(), [early, lateId].sort(), 'both, once each');
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/late').length, 2);
+    } finally {
+      release();
+      await other.close();
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
   test('several dispatchers on one PostgreSQL never make the same attempt twice', async (context) => {
     const databaseUrl = process.env.DATABASE_URL;
     if (!databaseUrl) {
@@ -380,14 +425,12 @@ describe('webhook deliveries', () => {
       for (let i = 0; i < 30; i += 1) {
         assert.equal((await t.request('POST', '/v1/policies', { key: org.adminKey, body: { name: `concurrent ${i}` } })).status, 200);
       }
-      const expected = await t.service.ctx.db.query<{ id: string }>(
-        'SELECT id FROM webhook_deliveries WHERE org_id = $1', [org.orgId]);
-      assert.equal(expected.length, 90);
-
-      // Claims alone, many at once over both pools: every claim is a different delivery.
+      // Streams claimed alone, many at once over both pools: a webhook's events are held by one claim at a time.
       const claimRounds = await Promise.all(Array.from({ length: 8 }, (_, i) =>
-        claimDueAttempts(i % 2 ? secondDb : t.service.ctx.db, t.service.ctx.clock.nowMs(), 7)));
-      const claimedIds = claimRounds.flat().map((claim) => claim.deliveryId);
+        claimStream(i % 2 ? secondDb : t.service.ctx.db, t.service.ctx.clock.nowMs(), 7)));
+      const streams = claimRounds.filter((stream) => stream !== null);
+      assert.equal(new Set(streams.map((stream) => stream.webhookId)).size, streams.length, 'no stream claimed twice');
+      const claimedIds = streams.flatMap((stream) => stream.attempts.map((attempt) => attempt.deliveryId));
       assert.equal(new Set(claimedIds).size, claimedIds.length, 'no delivery claimed twice');
       assert.ok(claimedIds.length > 0, 'claims were made');
       // Those claims are abandoned (their workers "died"); the rest is sent by four dispatchers at once.
@@ -400,6 +443,8 @@ describe('webhook deliveries', () => {
       assert.equal(new Set(seen).size, seen.length, 'no (delivery, attempt) received twice');
       const perDelivery = new Map<string, number>();
       for (const hit of hits) perDelivery.set(String(hit.headers['service-delivery-id']), (perDelivery.get(String(hit.headers['service-delivery-id'])) ?? 0) + 1);
+      const expected = await t.service.ctx.db.query<{ id: string }>('SELECT id FROM webhook_deliveries WHERE org_id = $1', [org.orgId]);
+      assert.equal(expected.length, 90, '30 events for each of 3 webhooks');
       assert.deepEqual([...perDelivery.keys()].sort(), expected.map((row) => row.id).sort(), 'every delivery arrived');
       assert.ok([...perDelivery.values()].every((count) => count === 1), 'each exactly once (a healthy receiver needs no retry)');
       const states = await t.service.ctx.db.query<{ status: string; n: number }>(

@@ -21,7 +21,7 @@ import { Type } from 'typebox';
 import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
-import { newId } from '../ids/ids.ts';
+import { derivedId, newId } from '../ids/ids.ts';
 import { OutboundError, fetchGuarded } from '../net/outbound.ts';
 import { getWebhook, webhookNotFound } from './webhooks.ts';
 
@@ -354,6 +354,251 @@ export async function settleLostFinalAttempts(db: Database, nowMs: number): Prom
   return settled;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The stream: first attempts, read from the events themselves
+
+/** Events one stream claim takes at most. */
+const STREAM_BATCH = 256;
+/** Attempts of one stream claim in flight at once (so a receiver gets at most this many connections). */
+const STREAM_SENDS_MAX = 32;
+/**
+ * How long a worker holds a webhook's stream: a batch is at most 256 / 32 = 8 rounds of sends,
+ * each within the 5 s deadline, so 40 s. After this the batch counts as lost (its first
+ * attempts are `lost`, and their second attempts are due), as a claimed attempt does after its
+ * lease. It equals the delay before a second attempt, so a lost first attempt keeps SPEC's schedule.
+ */
+export const STREAM_LEASE_MS = RETRY_DELAYS_MS[0];
+/** Lapsed streams taken over per dispatch run. */
+const LAPSED_STREAMS_MAX = 20;
+
+/** A first attempt from the stream: a claimed attempt, with what the delivery log records of its event. */
+export interface StreamAttempt extends ClaimedAttempt {
+  eventType: string;
+  eventCreatedAt: Date;
+}
+
+/** A worker's hold on one webhook's stream: the events after its position, up to the lease's end. */
+export interface StreamClaim {
+  webhookId: string;
+  /** degraded: the events are recorded paused, not sent */
+  active: boolean;
+  lease: { xact: string; eventId: string; expiresAt: Date };
+  /** one per event of the batch the webhook subscribes to */
+  attempts: StreamAttempt[];
+}
+
+interface StreamRow extends SigningRow {
+  status: 'active' | 'degraded';
+  lease_xact: string;
+  lease_event_id: string;
+  lease_expires_at: Date;
+  event_id: string | null;
+  event_type: string | null;
+  event_created_at: Date | null;
+  payload: StoredEvent['payload'] | null;
+}
+
+/** The delivery of one event to one webhook always has this id, whoever records it. */
+export function deliveryIdOf(webhookId: string, eventId: string, eventCreatedAt: Date): string {
+  return derivedId('dlv', eventCreatedAt.getTime(), `${webhookId}\n${eventId}`);
+}
+
+/**
+ * Takes the stream of one webhook that has undelivered events and no worker sending them: up to
+ * `limit` events after its position and below the horizon, leased to this worker until
+ * `nowMs + STREAM_LEASE_MS`, in one statement. The webhook row is locked while the statement
+ * runs (another worker skips it) and leased once it commits (another worker passes it by), so
+ * two workers never hold the same events. Null when no stream has work.
+ */
+export async function claimStream(db: Database, nowMs: number, limit: number): Promise<StreamClaim | null> {
+  const rows = await db.query<StreamRow>(
+    `WITH horizon AS MATERIALIZED (
+       SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
+     ), picked AS (
+       SELECT w.id, w.org_id, w.stream_xact, w.stream_event_id FROM webhooks w
+       WHERE w.status <> 'disabled' AND w.lease_expires_at IS NULL
+         AND EXISTS (SELECT 1 FROM events e WHERE e.org_id = w.org_id
+                       AND (e.xact, e.id) > (w.stream_xact, w.stream_event_id) AND e.xact < (SELECT xmin FROM horizon))
+       ORDER BY w.stream_xact, w.id
+       LIMIT 1
+       FOR UPDATE OF w SKIP LOCKED
+     ), batch AS (
+       SELECT e.* FROM picked p CROSS JOIN LATERAL (
+         SELECT e.id, e.type, e.created_at, e.payload, e.xact FROM events e
+         WHERE e.org_id = p.org_id AND (e.xact, e.id) > (p.stream_xact, p.stream_event_id) AND e.xact < (SELECT xmin FROM horizon)
+         ORDER BY e.xact, e.id
+         LIMIT ${Math.max(1, Math.floor(limit))}
+       ) e
+     ), last AS (
+       SELECT xact, id FROM batch ORDER BY xact DESC, id DESC LIMIT 1
+     ), leased AS (
+       UPDATE webhooks w SET lease_xact = last.xact, lease_event_id = last.id, lease_expires_at = $1
+       FROM picked, last WHERE w.id = picked.id
+       RETURNING w.id, w.status, w.events, w.url, w.signing_secret, w.previous_signing_secret, w.previous_secret_expires_at,
+         w.lease_xact::text AS lease_xact, w.lease_event_id, w.lease_expires_at
+     )
+     SELECT l.*, b.id AS event_id, b.type AS event_type, b.created_at AS event_created_at, b.payload
+     FROM leased l LEFT JOIN batch b ON '*' = ANY (l.events) OR b.type = ANY (l.events)
+     ORDER BY b.xact, b.id`,
+    [new Date(nowMs + STREAM_LEASE_MS)]);
+  const [first] = rows;
+  if (!first) return null;
+  const signing = signingOf(first, nowMs);
+  const attempts: StreamAttempt[] = [];
+  for (const row of rows) {
+    if (row.event_id === null) continue;
+    const created = row.event_created_at!;
+    attempts.push({
+      deliveryId: deliveryIdOf(first.id, row.event_id, created),
+      webhookId: first.id,
+      eventId: row.event_id,
+      eventType: row.event_type!,
+      eventCreatedAt: created,
+      attempt: 1,
+      final: false,
+      ping: false,
+      url: first.url,
+      signing,
+      body: deliveryBody({ id: row.event_id, type: row.event_type!, created_at: created, payload: row.payload! }),
+    });
+  }
+  return {
+    webhookId: first.id,
+    active: first.status === 'active',
+    lease: { xact: first.lease_xact, eventId: first.lease_event_id, expiresAt: first.lease_expires_at },
+    attempts,
+  };
+}
+
+/**
+ * What became of one event of a stream batch: an attempt's outcome; `lost` (its worker stopped:
+ * the attempt may have been made); `paused` (the webhook is degraded: not attempted, waits for
+ * it to be re-enabled); `expired` (older than the delivery log keeps: given up unsent).
+ */
+type StreamOutcome =
+  | { kind: 'succeeded' | 'failed'; attemptedAt: Date; result: AttemptResult }
+  | { kind: 'lost'; attemptedAt: Date }
+  | { kind: 'paused' | 'expired' };
+
+/**
+ * Records a stream batch and moves the webhook's position to the end of its lease, in one
+ * statement, provided the lease is still the one given (otherwise nothing: it lapsed and was
+ * taken over). Each event gets its delivery: delivered, or failed or lost with its second
+ * attempt due (paused if the webhook is no longer active), or paused, or expired. Returns
+ * whether the lease was still held.
+ */
+async function recordStream(
+  q: Queryable, nowMs: number, stream: Pick<StreamClaim, 'webhookId' | 'lease'>,
+  done: ReadonlyArray<{ attempt: Pick<StreamAttempt, 'deliveryId' | 'eventId' | 'eventType' | 'eventCreatedAt'>; outcome: StreamOutcome }>,
+): Promise<boolean> {
+  const column = <T>(pick: (entry: (typeof done)[number]) => T) => done.map(pick);
+  const result = (entry: (typeof done)[number]) => ('result' in entry.outcome ? entry.outcome.result : null);
+  const rows = await q.query<{ released: boolean }>(
+    `WITH released AS (
+       UPDATE webhooks SET
+         stream_xact = CASE WHEN (lease_xact, lease_event_id) > (stream_xact, stream_event_id) THEN lease_xact ELSE stream_xact END,
+         stream_event_id = CASE WHEN (lease_xact, lease_event_id) > (stream_xact, stream_event_id) THEN lease_event_id ELSE stream_event_id END,
+         lease_xact = NULL, lease_event_id = NULL, lease_expires_at = NULL
+       WHERE id = $1 AND lease_xact = $2::xid8 AND lease_event_id = $3 AND lease_expires_at = $4
+       RETURNING id, org_id, status
+     ), r AS (
+       SELECT * FROM unnest($5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::timestamptz[], $11::int[],
+                            $12::int[], $13::text[], $14::text[])
+         AS r(delivery_id, event_id, event_type, event_created_at, outcome, attempted_at, status_code, latency_ms, error, excerpt)
+     ), delivery AS (
+       INSERT INTO webhook_deliveries (id, org_id, webhook_id, event_id, event_type, event_created_at, status, attempts,
+                                       next_attempt_at, created_at, updated_at, delivered_at, failure_reason)
+       SELECT r.delivery_id, w.org_id, w.id, r.event_id, r.event_type, r.event_created_at,
+              CASE WHEN r.outcome = 'succeeded' THEN 'delivered' WHEN r.outcome = 'expired' THEN 'failed'
+                   WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN 'pending' ELSE 'paused' END,
+              CASE WHEN r.outcome IN ('succeeded', 'failed', 'lost') THEN 1 ELSE 0 END,
+              CASE WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN r.attempted_at + $16 * INTERVAL '1 millisecond' END,
+              r.event_created_at, $15, CASE WHEN r.outcome = 'succeeded' THEN $15::timestamptz END,
+              CASE WHEN r.outcome = 'expired' THEN 'expired' END
+       FROM r CROSS JOIN released w
+       ON CONFLICT (webhook_id, event_id) DO NOTHING
+       RETURNING id
+     ), attempt AS (
+       INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, outcome, finished_at, status_code, latency_ms, error,
+                                     response_excerpt, next_attempt_at)
+       SELECT r.delivery_id, 1, r.attempted_at, r.outcome, CASE WHEN r.outcome <> 'lost' THEN $15::timestamptz END,
+              r.status_code, r.latency_ms, r.error, r.excerpt,
+              CASE WHEN r.outcome <> 'succeeded' THEN r.attempted_at + $16 * INTERVAL '1 millisecond' END
+       FROM r JOIN delivery d ON d.id = r.delivery_id
+       WHERE r.outcome IN ('succeeded', 'failed', 'lost')
+     )
+     SELECT EXISTS (SELECT 1 FROM released) AS released`,
+    [stream.webhookId, stream.lease.xact, stream.lease.eventId, stream.lease.expiresAt,
+      column((entry) => entry.attempt.deliveryId), column((entry) => entry.attempt.eventId), column((entry) => entry.attempt.eventType),
+      column((entry) => entry.attempt.eventCreatedAt), column((entry) => entry.outcome.kind),
+      column((entry) => ('attemptedAt' in entry.outcome ? entry.outcome.attemptedAt : null)),
+      column((entry) => result(entry)?.statusCode ?? null), column((entry) => result(entry)?.latencyMs ?? null),
+      column((entry) => (entry.outcome.kind === 'lost' ? LOST_ATTEMPT_ERROR : result(entry)?.error ?? null)),
+      column((entry) => result(entry)?.responseExcerpt ?? null),
+      new Date(nowMs), RETRY_DELAYS_MS[0]]);
+  return rows[0]?.released === true;
+}
+
+/**
+ * Sends a stream batch, at most STREAM_SENDS_MAX at a time, and records it. A degraded
+ * webhook's events are recorded paused, unsent; an event older than the delivery log keeps is
+ * given up. Returns the attempts made.
+ */
+export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<number> {
+  const expiredBeforeMs = ctx.clock.nowMs() - DELIVERY_LOG_RETENTION_MS;
+  const done: Array<{ attempt: StreamAttempt; outcome: StreamOutcome }> = [];
+  const toSend: StreamAttempt[] = [];
+  for (const attempt of stream.attempts) {
+    if (attempt.eventCreatedAt.getTime() < expiredBeforeMs) done.push({ attempt, outcome: { kind: 'expired' } });
+    else if (!stream.active) done.push({ attempt, outcome: { kind: 'paused' } });
+    else toSend.push(attempt);
+  }
+  let next = 0;
+  const sender = async (): Promise<void> => {
+    while (next < toSend.length) {
+      const attempt = toSend[next++]!;
+      const attemptedAt = new Date(ctx.clock.nowMs());
+      const result = await sendAttempt(attempt, { allowPrivate: ctx.config.allowPrivateWebhooks });
+      done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, result } });
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(STREAM_SENDS_MAX, toSend.length) }, sender));
+  await recordStream(ctx.db, ctx.clock.nowMs(), stream, done);
+  return toSend.length;
+}
+
+/**
+ * Streams whose lease ran out without their batch being recorded (the worker stopped, or took
+ * longer than the lease): each event of the batch is recorded with a `lost` first attempt and
+ * its second attempt due when the lease ended, and the position moves past the batch. The
+ * events are those the webhook subscribes to now. Returns how many streams were taken over.
+ */
+export async function recoverLapsedStreams(db: Database, nowMs: number): Promise<number> {
+  const lapsed = await db.query<{ id: string; org_id: string; events: string[]; stream_xact: string; stream_event_id: string;
+    lease_xact: string; lease_event_id: string; lease_expires_at: Date }>(
+    `SELECT id, org_id, events, stream_xact::text AS stream_xact, stream_event_id, lease_xact::text AS lease_xact, lease_event_id,
+            lease_expires_at
+     FROM webhooks WHERE lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT ${LAPSED_STREAMS_MAX}`, [new Date(nowMs)]);
+  let recovered = 0;
+  for (const webhook of lapsed) {
+    const events = await db.query<{ id: string; type: string; created_at: Date }>(
+      `SELECT id, type, created_at FROM events
+       WHERE org_id = $1 AND (xact, id) > ($2::xid8, $3) AND (xact, id) <= ($4::xid8, $5) AND ('*' = ANY ($6::text[]) OR type = ANY ($6::text[]))`,
+      [webhook.org_id, webhook.stream_xact, webhook.stream_event_id, webhook.lease_xact, webhook.lease_event_id, webhook.events]);
+    const attemptedAt = new Date(webhook.lease_expires_at.getTime() - STREAM_LEASE_MS);
+    const lease = { xact: webhook.lease_xact, eventId: webhook.lease_event_id, expiresAt: webhook.lease_expires_at };
+    // Another worker taking the same stream over at the same moment finds the lease gone and records nothing.
+    if (await recordStream(db, nowMs, { webhookId: webhook.id, lease }, events.map((event) => ({
+      attempt: { deliveryId: deliveryIdOf(webhook.id, event.id, event.created_at), eventId: event.id, eventType: event.type, eventCreatedAt: event.created_at },
+      outcome: { kind: 'lost', attemptedAt },
+    })))) recovered += 1;
+  }
+  return recovered;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention and the dispatcher
+
 /**
  * The delivery log keeps 30 days: an undelivered delivery older than that is given up
  * (`failed`, `expired`), a finished one older than that is deleted with its attempts.
@@ -376,8 +621,9 @@ export async function expireDeliveryLog(db: Database, nowMs: number): Promise<{ 
 const lastRetentionRunMs = new WeakMap<Database, number>();
 
 /**
- * One run of the dispatcher (the `webhooks.deliver` job): settles lost last attempts, then
- * claims and sends due attempts in batches until none is due or its time budget is spent.
+ * One run of the dispatcher (the `webhooks.deliver` job): takes over lapsed streams, settles
+ * lost last attempts, then sends streams and due attempts until nothing is left or its time
+ * budget is spent.
  */
 export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: number }> {
   const wallMs = Date.now();
@@ -385,32 +631,43 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
     lastRetentionRunMs.set(ctx.db, wallMs);
     await expireDeliveryLog(ctx.db, ctx.clock.nowMs());
   }
+  await recoverLapsedStreams(ctx.db, ctx.clock.nowMs());
   await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
   let attempted = 0;
-  // Several claimers side by side: one's database round trips overlap another's requests.
+  // Several claimers side by side: one's database round trips overlap another's requests. Each
+  // takes a stream and a batch of due attempts in turn, so that neither waits for the other.
   const claimer = async (): Promise<void> => {
     while (performance.now() < deadlineMs) {
-      const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
-      if (!claims.length) return;
-      // Successes (nearly all of them) are recorded together; any other outcome on its own.
-      const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
-      const outcomes = await Promise.allSettled(claims.map(async (claim) => {
-        const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
-        if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
-        else await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
-      }));
-      outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
-      attempted += claims.length;
-      const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
-      // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
-      if (failure) throw failure.reason;
+      const stream = await claimStream(ctx.db, ctx.clock.nowMs(), STREAM_BATCH);
+      if (stream) attempted += await sendStream(ctx, stream);
+      const retried = await sendDueAttempts(ctx);
+      attempted += retried;
+      if (!stream && !retried) return;
     }
   };
   const ended = await Promise.allSettled(Array.from({ length: CLAIMERS }, claimer));
   const failure = ended.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
   if (failure) throw failure.reason;
   return { attempted };
+}
+
+/** Claims a batch of due attempts (second and later ones), sends them and records how they went; returns how many. */
+async function sendDueAttempts(ctx: AppContext): Promise<number> {
+  const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
+  if (!claims.length) return 0;
+  // Successes are recorded together; any other outcome on its own.
+  const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
+  const outcomes = await Promise.allSettled(claims.map(async (claim) => {
+    const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
+    if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
+    else await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
+  }));
+  outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
+  const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
+  // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
+  if (failure) throw failure.reason;
+  return claims.length;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -180,9 +180,10 @@ export interface WebhookChange {
 /**
  * Changes url, subscriptions or status. Status moves pause and resume deliveries in the same
  * transaction:
- * - to `disabled`: pending deliveries pause; new events are not queued while disabled;
+ * - to `disabled`: pending deliveries pause; events written while disabled are not delivered;
  * - to `active` (from `degraded` or `disabled`): every paused delivery starts a new run of
- *   five attempts, the first one due at once.
+ *   five attempts, the first one due at once; from `disabled`, the webhook's stream of events
+ *   starts again at this transaction.
  */
 export async function updateWebhook(
   db: Database, nowMs: number, orgId: string, webhookId: string, change: WebhookChange, policy: UrlPolicy,
@@ -203,6 +204,10 @@ export async function updateWebhook(
       await tx.query(
         `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
          WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
+    }
+    // Events written while it was disabled are not for it: its stream starts again from now.
+    if (status === 'active' && current.status === 'disabled') {
+      await tx.query(`UPDATE webhooks SET stream_xact = pg_current_xact_id(), stream_event_id = '' WHERE id = $1`, [webhookId]);
     }
     if (status === 'active' && current.status !== 'active') await resumePausedDeliveries(tx, webhookId, now);
     return rows[0]!;
