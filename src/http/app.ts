@@ -5,6 +5,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import Fastify, {
+  LogController,
   type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerDefault,
 } from 'fastify';
 import rateLimit from '@fastify/rate-limit';
@@ -32,8 +33,8 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     bodyLimit: BODY_LIMIT_BYTES,
     genReqId: () => newId('req', Date.now()),
     requestIdHeader: false,
-    requestIdLogLabel: 'request_id',
-    disableRequestLogging: false,
+    // Request lines (incoming, completed) are logged, labelled with the request's id.
+    logController: new LogController({ requestIdLogLabel: 'request_id', disableRequestLogging: false }),
     return503OnClosing: true,
     ajv: {
       customOptions: {
