@@ -32,6 +32,7 @@ interface Delivery {
   attempt_count: number;
   next_attempt_at: string | null;
   delivered_at: string | null;
+  failure_reason: string | null;
   attempts: Array<{ attempt: number; attempted_at: string; outcome: string; status_code: number | null; error: string | null; next_attempt_at: string | null }>;
 }
 
@@ -258,6 +259,21 @@ describe('webhook deliveries', () => {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
     }
+  });
+
+  test('an event still unsent after the delivery log\'s 30 days is given up unsent (expired)', async () => {
+    const { key, webhookId } = await setUp('/late-dispatch', ['policy.created']);
+    const event = await newPolicyEvent(key, 'Long undelivered');
+    // No dispatcher ran for 30 days (the event's first attempt never happened).
+    await advance(30 * 24 * 3600 + 60);
+    await t.service.jobs.runOnce();
+    assert.equal(arrivals('/late-dispatch').length, 0, 'not sent');
+    const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.equal(delivery!.status, 'failed');
+    assert.equal(delivery!.failure_reason, 'expired');
+    assert.equal(delivery!.attempt_count, 0);
+    assert.deepEqual(delivery!.attempts, []);
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
   test('a redirect is a failed attempt and is not followed', async () => {
