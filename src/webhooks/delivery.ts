@@ -1,20 +1,24 @@
 /**
- * Webhook deliveries (docs/webhooks.md "Delivery"): the dispatcher that sends every queued
- * delivery as a signed POST, at least once, on SPEC's schedule, and the delivery log.
+ * Webhook deliveries (docs/webhooks.md "How it works"): the dispatcher that sends every event to
+ * every webhook subscribed to it as a signed POST, at least once, on SPEC's schedule, and the
+ * delivery log.
  *
- * Deliveries are queued by the database itself: a trigger on `events` (migration 0011) inserts
- * one row per subscribed webhook in the transaction that writes the event. Here a worker
+ * First attempts come from the events themselves (migration 0015): each webhook has a position
+ * in the events' transaction order. A worker
  *
- * 1. claims due attempts with `FOR UPDATE SKIP LOCKED`, in a transaction that also moves the
- *    delivery's `next_attempt_at` to when the following attempt would be due and records the
- *    attempt (primary key: delivery, attempt number). Another worker cannot claim the same
- *    attempt: the row is locked while claimed, and due again only at the next attempt's time.
- *    That time is the lease: a worker that dies mid-attempt loses nothing, since the next
- *    attempt comes on schedule, exactly as after a failure.
- * 2. sends outside any transaction (5 s deadline, no redirects, the SSRF guard of
- *    src/net/outbound.ts), then
- * 3. records the outcome. The fifth failure of a run pauses the delivery and degrades the
- *    webhook, which pauses all its pending deliveries until an operator re-enables it.
+ * 1. claims a webhook's stream: the events after its position and below the horizon (every
+ *    older transaction has ended), leased to it for a minute, in one statement;
+ * 2. sends them outside any transaction (5 s deadline, no redirects, the SSRF guard of
+ *    src/net/outbound.ts), 32 at a time, then
+ * 3. records the batch, one delivery and its attempt per event, with the outcome, and moves
+ *    the position, in one statement, if the lease is still its own. A lease that lapses is
+ *    taken over: its first attempts are recorded lost, their second attempts due on schedule.
+ *
+ * Later attempts are claimed from `webhook_deliveries` with `FOR UPDATE SKIP LOCKED`: the claim
+ * moves the delivery's `next_attempt_at` to when the following attempt would be due and
+ * records the attempt (primary key: delivery, attempt number). That time is the lease. The
+ * fifth failure of a run pauses the delivery and degrades the webhook, which pauses all its
+ * pending deliveries until an operator re-enables it.
  */
 import { createHmac } from 'node:crypto';
 import { Type } from 'typebox';
