@@ -480,7 +480,7 @@ export async function claimStream(db: Database, nowMs: number, limit: number): P
  * it to be re-enabled); `expired` (older than the delivery log keeps: given up unsent).
  */
 type StreamOutcome =
-  | { kind: 'succeeded' | 'failed'; attemptedAt: Date; result: AttemptResult }
+  | { kind: 'succeeded' | 'failed'; attemptedAt: Date; finishedAt: Date; result: AttemptResult }
   | { kind: 'lost'; attemptedAt: Date }
   | { kind: 'paused' | 'expired' };
 
@@ -507,8 +507,9 @@ async function recordStream(
        RETURNING id, org_id, status
      ), r AS (
        SELECT * FROM unnest($5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::timestamptz[], $11::int[],
-                            $12::int[], $13::text[], $14::text[])
-         AS r(delivery_id, event_id, event_type, event_created_at, outcome, attempted_at, status_code, latency_ms, error, excerpt)
+                            $12::int[], $13::text[], $14::text[], $17::timestamptz[])
+         AS r(delivery_id, event_id, event_type, event_created_at, outcome, attempted_at, status_code, latency_ms, error, excerpt,
+              finished_at)
      ), delivery AS (
        INSERT INTO webhook_deliveries (id, org_id, webhook_id, event_id, event_type, event_created_at, status, attempts,
                                        next_attempt_at, created_at, updated_at, delivered_at, failure_reason)
@@ -517,7 +518,7 @@ async function recordStream(
                    WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN 'pending' ELSE 'paused' END,
               CASE WHEN r.outcome IN ('succeeded', 'failed', 'lost') THEN 1 ELSE 0 END,
               CASE WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN r.attempted_at + $16 * INTERVAL '1 millisecond' END,
-              r.event_created_at, $15, CASE WHEN r.outcome = 'succeeded' THEN $15::timestamptz END,
+              r.event_created_at, $15, CASE WHEN r.outcome = 'succeeded' THEN r.finished_at END,
               CASE WHEN r.outcome = 'expired' THEN 'expired' END
        FROM r CROSS JOIN released w
        ON CONFLICT (webhook_id, event_id) DO NOTHING
@@ -525,7 +526,7 @@ async function recordStream(
      ), attempt AS (
        INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at, outcome, finished_at, status_code, latency_ms, error,
                                      response_excerpt, next_attempt_at)
-       SELECT r.delivery_id, 1, r.attempted_at, r.outcome, CASE WHEN r.outcome <> 'lost' THEN $15::timestamptz END,
+       SELECT r.delivery_id, 1, r.attempted_at, r.outcome, r.finished_at,
               r.status_code, r.latency_ms, r.error, r.excerpt,
               CASE WHEN r.outcome <> 'succeeded' THEN r.attempted_at + $16 * INTERVAL '1 millisecond' END
        FROM r JOIN delivery d ON d.id = r.delivery_id
@@ -539,7 +540,7 @@ async function recordStream(
       column((entry) => result(entry)?.statusCode ?? null), column((entry) => result(entry)?.latencyMs ?? null),
       column((entry) => (entry.outcome.kind === 'lost' ? LOST_ATTEMPT_ERROR : result(entry)?.error ?? null)),
       column((entry) => result(entry)?.responseExcerpt ?? null),
-      new Date(nowMs), RETRY_DELAYS_MS[0]]);
+      new Date(nowMs), RETRY_DELAYS_MS[0], column((entry) => ('finishedAt' in entry.outcome ? entry.outcome.finishedAt : null))]);
   return rows[0]?.released === true;
 }
 
@@ -563,7 +564,9 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
       const attempt = toSend[next++]!;
       const attemptedAt = new Date(ctx.clock.nowMs());
       const result = await sendAttempt(attempt, { allowPrivate: ctx.config.allowPrivateWebhooks });
-      done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, result } });
+      // The service clock when the answer came: the delivery log's finished_at, and delivered_at for a 2xx.
+      const finishedAt = new Date(ctx.clock.nowMs());
+      done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
     }
   };
   await Promise.all(Array.from({ length: Math.min(STREAM_SENDS_MAX, toSend.length) }, sender));
