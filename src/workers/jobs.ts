@@ -89,7 +89,8 @@ export const JOBS: readonly Job[] = [
   { name: 'exports.build', intervalMs: 1_000, timeoutMs: 30 * 60_000, run: async (ctx) => { await buildDueExports(ctx); } },
   { name: 'exports.expire', intervalMs: 60_000, timeoutMs: 60_000, run: async (ctx) => { await expireExports(ctx.db, ctx.clock.nowMs()); } },
   { name: 'policies.sync', intervalMs: 2_000, timeoutMs: 30_000, run: async (ctx) => { await syncPendingPolicies(ctx); } },
-  // Webhook deliveries: due attempts claimed with SKIP LOCKED and sent (docs/webhooks.md); last, so a
-  // run of every job (runOnce) also delivers the events the jobs before it wrote.
-  { name: 'webhooks.deliver', intervalMs: 500, timeoutMs: 60_000, run: async (ctx) => { await dispatchWebhooks(ctx); } },
+  // Webhook deliveries: streams of events and due attempts, claimed and sent (docs/webhooks.md); last,
+  // so a run of every job (runOnce) also delivers the events the jobs before it wrote. A run claims
+  // for 20 s, and a stream batch it claimed last can take 40 s more against slow endpoints.
+  { name: 'webhooks.deliver', intervalMs: 500, timeoutMs: 90_000, run: async (ctx) => { await dispatchWebhooks(ctx); } },
 ];
