@@ -14,17 +14,18 @@ export type IdPrefix = 'org' | 'wal' | 'pol' | 'tx' | 'esc' | 'whk' | 'evt' | 'e
  * used once.
  */
 const POOL_BYTES = 4096;
-const RANDOM_BYTES = 10;
+/** The bytes behind the 16 characters after the time: random for newId, a digest for derivedId. */
+const TAIL_BYTES = 10;
 const pool = Buffer.alloc(POOL_BYTES);
 let poolOffset = POOL_BYTES;
 
 function takeRandom(): number {
-  if (poolOffset + RANDOM_BYTES > POOL_BYTES) {
+  if (poolOffset + TAIL_BYTES > POOL_BYTES) {
     randomFillSync(pool);
     poolOffset = 0;
   }
   const start = poolOffset;
-  poolOffset += RANDOM_BYTES;
+  poolOffset += TAIL_BYTES;
   return start;
 }
 
@@ -53,7 +54,7 @@ function encodeId(prefix: IdPrefix, ms: number, bytes: Buffer, start: number): s
   let tail = '';
   let bits = 0;
   let bitCount = 0;
-  for (let i = start + RANDOM_BYTES - 1; i >= start; i -= 1) {
+  for (let i = start + TAIL_BYTES - 1; i >= start; i -= 1) {
     bits |= bytes[i]! << bitCount;
     bitCount += 8;
     while (bitCount >= 5) {

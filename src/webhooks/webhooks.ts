@@ -196,18 +196,18 @@ export async function updateWebhook(
       'SELECT * FROM webhooks WHERE org_id = $1 AND id = $2 FOR NO KEY UPDATE', [orgId, webhookId]);
     if (!current) throw webhookNotFound(webhookId);
     const status = change.status ?? current.status;
+    // Events written while it was disabled are not for it: re-enabled, its stream starts from now.
+    const restartsStream = status === 'active' && current.status === 'disabled';
     const rows = await tx.query<WebhookRow>(
-      `UPDATE webhooks SET url = $3, events = $4, status = $5, updated_at = $6
+      `UPDATE webhooks SET url = $3, events = $4, status = $5, updated_at = $6,
+         stream_xact = CASE WHEN $7 THEN pg_current_xact_id() ELSE stream_xact END,
+         stream_event_id = CASE WHEN $7 THEN '' ELSE stream_event_id END
        WHERE org_id = $1 AND id = $2 RETURNING *`,
-      [orgId, webhookId, url ?? current.url, events ?? current.events, status, now]);
+      [orgId, webhookId, url ?? current.url, events ?? current.events, status, now, restartsStream]);
     if (status === 'disabled' && current.status !== 'disabled') {
       await tx.query(
         `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
          WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
-    }
-    // Events written while it was disabled are not for it: its stream starts again from now.
-    if (status === 'active' && current.status === 'disabled') {
-      await tx.query(`UPDATE webhooks SET stream_xact = pg_current_xact_id(), stream_event_id = '' WHERE id = $1`, [webhookId]);
     }
     if (status === 'active' && current.status !== 'active') await resumePausedDeliveries(tx, webhookId, now);
     return rows[0]!;
