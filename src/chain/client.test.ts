@@ -163,6 +163,32 @@ describe('chain client', () => {
     assert.equal(await chain.getUsdcBalance(requester), 40n * USDC);
   });
 
+  test('an outcome is seen when the validator publishes it, not at the next poll', async () => {
+    const slotted = await LocalValidator.open({ slotMs: 50, clock, programSoPath: null });
+    const rpc = createInProcessRpc(slotted);
+    const payer = await generateKeyPairSigner();
+    const arbiter = await generateKeyPairSigner();
+    // A poll interval far beyond the test: only the publish signal can deliver the outcome.
+    const pushed = new ChainClient({
+      rpc, programId: slotted.programId, usdcMint: slotted.usdcMint, operator: payer, arbiter, pollIntervalMs: 60_000,
+      onPublished: (listener) => slotted.onPublished(listener),
+    });
+    try {
+      const signature = await rpc.requestAirdrop(payer.address, lamports(1_000_000n)).send();
+      const startedMs = Date.now();
+      const outcome = await Promise.race([
+        pushed.waitForOutcome(signature),
+        new Promise<null>((resolve) => setTimeout(resolve, 5_000, null)),
+      ]);
+      assert.ok(outcome, 'the outcome arrived with the slot\'s publish');
+      assert.equal(outcome.err, null);
+      assert.ok(Date.now() - startedMs < 5_000, 'well before the poll interval');
+    } finally {
+      pushed.close();
+      await slotted.close();
+    }
+  });
+
   test('waiting for a signature the chain never saw times out', async () => {
     const prepared = await chain.prepare([await chain.setFrozenIx(ORG, 'agent-never', true)]);
     await assert.rejects(chain.waitForOutcome(prepared.signature, 50), ConfirmationTimeoutError);

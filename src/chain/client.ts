@@ -113,6 +113,11 @@ export interface ChainClientOptions {
    * protects nothing (default false)
    */
   embedded?: boolean;
+  /**
+   * subscribes to the chain's "new statuses are visible" signal (the embedded validator's
+   * publish): outstanding signatures are then polled at once rather than at the next interval
+   */
+  onPublished?: (listener: () => void) => void;
 }
 
 interface Waiter {
@@ -149,6 +154,8 @@ export class ChainClient {
   readonly #signer: FastSigner;
   #pollTimer: NodeJS.Timeout | null = null;
   #polling = false;
+  /** a publish was signalled during a poll: poll again as soon as it ends */
+  #pollAgain = false;
 
   constructor(options: ChainClientOptions) {
     this.rpc = options.rpc;
@@ -161,6 +168,7 @@ export class ChainClient {
     this.#pollIntervalMs = options.pollIntervalMs ?? 100;
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
     this.#signer = new FastSigner([this.operator, this.arbiter]);
+    options.onPublished?.(() => this.#pollNow());
   }
 
   // -------------------------------------------------------------------------------------------
@@ -410,6 +418,17 @@ export class ChainClient {
     }, this.#pollIntervalMs);
   }
 
+  #pollNow(): void {
+    if (this.#waiters.size === 0) return;
+    if (this.#polling) {
+      this.#pollAgain = true;
+      return;
+    }
+    if (this.#pollTimer) clearTimeout(this.#pollTimer);
+    this.#pollTimer = null;
+    void this.#poll();
+  }
+
   /** One poller for all outstanding signatures, in batches of at most 256 per call. */
   async #poll(): Promise<void> {
     this.#polling = true;
@@ -447,7 +466,12 @@ export class ChainClient {
       }
     } finally {
       this.#polling = false;
-      if (this.#waiters.size) this.#schedulePoll();
+      if (this.#pollAgain) {
+        this.#pollAgain = false;
+        this.#pollNow();
+      } else if (this.#waiters.size) {
+        this.#schedulePoll();
+      }
     }
   }
 

@@ -57,6 +57,7 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     rpc = createInProcessRpc(validator) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
   }
   const embedded = validator?.info() ?? thread?.info ?? null;
+  const publisher = validator ?? thread;
   const closeValidator = async (): Promise<void> => {
     await validator?.close();
     await thread?.close();
@@ -84,9 +85,10 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     const chain = new ChainClient({
       rpc, programId: address(programId), usdcMint: address(usdcMint), operator, arbiter,
       embedded: embedded !== null,
-      // In-process a status poll is cheap: every 20 ms, so a confirmation is seen soon after its
-      // slot. Over the network, at most a tenth of a second.
-      pollIntervalMs: embedded !== null ? 20 : Math.max(10, Math.min(100, Math.floor(config.slotMs / 4) || 10)),
+      // The embedded validator signals each publish, and the client polls at once; the interval
+      // is then only a fallback. Over the network, polls every quarter slot, at most a tenth of a second.
+      onPublished: publisher ? (listener) => publisher.onPublished(listener) : undefined,
+      pollIntervalMs: Math.max(10, Math.min(100, Math.floor(config.slotMs / 4) || 10)),
       // A blockhash is valid for 150 slots: with short local slots (slot 0 means notional 400 ms
       // slots) it is reused for at most a third of that.
       ...(localSlotMs ? { blockhashMaxAgeMs: Math.min(5_000, localSlotMs * 50) } : {}),

@@ -19,6 +19,7 @@ try {
     programSoPath: options.programSoPath, log: (entry) => reply({ kind: 'log', entry }),
   });
   const handler = createRpcHandler(validator);
+  validator.onPublished(() => reply({ kind: 'published' }));
   port.on('message', (request: ThreadRequest) => {
     if (request.kind === 'close') {
       void validator.close().then(() => {

@@ -105,6 +105,27 @@ describe('ValidatorThread', () => {
     }
   });
 
+  test('tells the service each time executed statuses become visible, and only then are they', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    const thread = await ValidatorThread.start({ dataDir, slotMs: 50, programSoPath: null, offsetCell: new OffsetClock().offsetCell });
+    try {
+      const transport = thread.transport();
+      const statusOf = async (signature: string) => (await transport<{ result: { value: unknown[] } }>({
+        payload: { jsonrpc: '2.0', id: 2, method: 'getSignatureStatuses', params: [[signature]] },
+      })).result.value[0];
+      let published = 0;
+      thread.onPublished(() => { published += 1; });
+      const signal = new Promise<void>((resolve) => thread.onPublished(resolve));
+      const minted = await transport<{ result: string }>({ payload: { jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [await newRecipient(), '1000'] } });
+      if (published === 0) assert.equal(await statusOf(minted.result), null, 'not visible before the signal');
+      await signal;
+      assert.ok(await statusOf(minted.result), 'visible once signalled');
+    } finally {
+      await thread.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
   test('closing persists what it executed; answering after close is refused', async () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
     try {

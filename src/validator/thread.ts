@@ -23,6 +23,7 @@ export type ThreadReply =
   | { kind: 'ready'; info: ValidatorInfo }
   | { kind: 'failed'; error: string }
   | { kind: 'log'; entry: Record<string, unknown> }
+  | { kind: 'published' }
   | { kind: 'response'; id: number; response?: unknown; error?: string }
   | { kind: 'closed'; error?: string };
 
@@ -50,6 +51,7 @@ export class ValidatorThread {
     this.info = info;
     worker.on('message', (message: ThreadReply) => {
       if (message.kind === 'response') this.#settle(message);
+      else if (message.kind === 'published') for (const listener of this.#publishedListeners) listener();
       else if (message.kind === 'log') log(message.entry);
       else if (message.kind === 'closed') this.#onClosed?.(message.error);
     });
@@ -92,6 +94,13 @@ export class ValidatorThread {
         this.#worker.postMessage({ kind: 'rpc', id, payload } satisfies ThreadRequest);
       });
     }) as RpcTransport;
+  }
+
+  readonly #publishedListeners: Array<() => void> = [];
+
+  /** Calls `listener` each time the validator has made executed transactions' statuses visible. */
+  onPublished(listener: () => void): void {
+    this.#publishedListeners.push(listener);
   }
 
   /** Executes what is queued, persists and releases the state, and ends the thread. */

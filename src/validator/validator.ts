@@ -772,6 +772,21 @@ export class LocalValidator {
   #publish(batch: readonly ExecutedTransaction[]): void {
     this.#store.publish(batch);
     for (const { record } of batch) this.#inFlight.delete(record.signature);
+    if (batch.length === 0) return;
+    for (const listener of this.#publishedListeners) {
+      try {
+        listener();
+      } catch (error) {
+        this.#log({ level: 'error', msg: 'a publish listener failed', err: String(error) });
+      }
+    }
+  }
+
+  readonly #publishedListeners: Array<() => void> = [];
+
+  /** Calls `listener` each time executed transactions' statuses become visible. */
+  onPublished(listener: () => void): void {
+    this.#publishedListeners.push(listener);
   }
 
   /**
