@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -134,6 +134,57 @@ describe('local validator persistence', () => {
       assert.ok((await rpc.getSignatureStatuses([signature]).send()).value[0]);
     } finally {
       await validator.close();
+    }
+  });
+
+  // Guarantee: status lines are written as transactions execute, ahead of the slot's snapshot;
+  // a crash before that snapshot shows nothing of them after a restart.
+  it('writes the log during the slot, and a crash before the snapshot leaves no trace of it', async () => {
+    const dataDir = join(root, 'crash');
+    const logDir = join(dataDir, 'transactions');
+    const logText = () => (existsSync(logDir) ? readdirSync(logDir) : []).filter((name) => name.endsWith('.jsonl'))
+      .map((name) => readFileSync(join(logDir, name), 'utf8')).join('');
+    // A slot that does not end while the child lives: its airdrop executes, is logged and never snapshotted.
+    const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', `
+      import { generateKeyPairSigner } from '@solana/kit';
+      import { LocalValidator } from ${JSON.stringify(new URL('./validator.ts', import.meta.url).href)};
+      import { ManualClock } from ${JSON.stringify(new URL('../clock/clock.ts', import.meta.url).href)};
+      const validator = await LocalValidator.open({ dataDir: ${JSON.stringify(dataDir)}, slotMs: 60000, clock: new ManualClock(${START_MS}), programSoPath: null });
+      const payer = await generateKeyPairSigner();
+      const signature = await validator.requestAirdrop(payer.address, 5000000n);
+      console.log(JSON.stringify({ signature, payer: payer.address }));
+      setInterval(() => {}, 1000);`], { stdio: ['ignore', 'pipe', 'inherit'] });
+    try {
+      const { signature, payer } = await new Promise<{ signature: string; payer: string }>((resolve, reject) => {
+        let out = '';
+        child.stdout.on('data', (chunk: Buffer) => {
+          out += chunk.toString();
+          if (out.includes('\n')) resolve(JSON.parse(out.split('\n')[0]!) as { signature: string; payer: string });
+        });
+        child.once('exit', (code) => reject(new Error(`the child exited (${code}) before its airdrop`)));
+      });
+      const deadline = Date.now() + 10_000;
+      while (!logText().includes(signature)) {
+        assert.ok(Date.now() < deadline, 'the airdrop\'s status line reached the log while its slot was still running');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      child.kill('SIGKILL');
+      await new Promise((resolve) => child.once('exit', resolve));
+
+      const validator = await LocalValidator.open({ dataDir, slotMs: 20, clock: new ManualClock(START_MS), programSoPath: null });
+      const rpc = createInProcessRpc(validator) as TestRpc;
+      try {
+        assert.equal(logText().includes(signature), false, 'the line newer than the snapshot was cut at load');
+        assert.equal((await rpc.getSignatureStatuses([signature as never]).send()).value[0], null, 'the airdrop is not visible');
+        assert.equal((await rpc.getBalance(payer as never).send()).value, 0n, 'and its effect is gone');
+        const again = await rpc.requestAirdrop(payer as never, lamports(7_000_000n)).send();
+        await confirmed(rpc, again);
+        assert.equal((await rpc.getBalance(payer as never).send()).value, 7_000_000n);
+      } finally {
+        await validator.close();
+      }
+    } finally {
+      child.kill('SIGKILL');
     }
   });
 

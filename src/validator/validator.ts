@@ -80,6 +80,11 @@ export const MAX_QUEUED_TRANSACTIONS = 50_000;
  * (a call waits at most about this long behind a burst of transactions).
  */
 const EXECUTE_SLICE_MS = 2;
+/**
+ * Executed transactions' status lines are written (and flushed) at most this often while a slot
+ * runs, so that its end has only its last moments' lines and the snapshot left to write.
+ */
+const LOG_APPEND_INTERVAL_MS = 25;
 /** The validator's own account starts with this much SOL for airdrops and cheatcode fees. */
 const AUTHORITY_LAMPORTS = 1_000_000_000n * 1_000_000_000n;
 const U64_MAX = (1n << 64n) - 1n;
@@ -237,6 +242,12 @@ export class LocalValidator {
   /** Signatures queued or executed but not yet visible: a resend must not run them twice. */
   readonly #inFlight = new Set<string>();
   #unpublished: ExecutedTransaction[] = [];
+  /** Executed and not yet written to the transaction log (with a dataDir), in execution order. */
+  #unappended: ExecutedTransaction[] = [];
+  /** The last sequence number written to the transaction log. */
+  #appendedSeq: number;
+  #appending: Promise<void> | null = null;
+  #appendTimer: NodeJS.Timeout | null = null;
 
   #slotTimer: NodeJS.Timeout | null = null;
   #nextSlotAtMs = 0;
@@ -276,6 +287,7 @@ export class LocalValidator {
     this.#authoritySigner = args.authoritySigner;
     this.#store = args.store;
     this.#seq = args.seq;
+    this.#appendedSeq = args.seq;
     this.#lastUnixTimestamp = args.lastUnixTimestamp;
     this.#persistIntervalMs = args.persistIntervalMs;
     this.#log = args.log;
@@ -706,7 +718,12 @@ export class LocalValidator {
       fee: Number(fee),
     };
     const detail: TransactionDetail = { wire: tx.bytes, logs: meta.logs(), preBalances, postBalances, preTokenBalances, postTokenBalances };
-    this.#unpublished.push({ record, detail, accountKeys: keys.map(addressKey) });
+    const executed = { record, detail, accountKeys: keys.map(addressKey) };
+    this.#unpublished.push(executed);
+    if (this.#dataDir) {
+      this.#unappended.push(executed);
+      this.#scheduleAppend();
+    }
     this.#stateDirty = true;
   }
 
@@ -769,6 +786,53 @@ export class LocalValidator {
     }, waitMs);
   }
 
+  /**
+   * Writes the transaction log ahead of the snapshot, as transactions execute: at most every
+   * LOG_APPEND_INTERVAL_MS, one write at a time. A line is visible only once a snapshot that
+   * contains its effects is written, and lines newer than the snapshot are cut at load, so
+   * writing them early changes nothing a crash can show; it takes their flush off the slot's end.
+   */
+  #scheduleAppend(): void {
+    if (this.#appendTimer || this.#appending || this.#closed) return;
+    this.#appendTimer = setTimeout(() => {
+      this.#appendTimer = null;
+      if (this.#unappended.length === 0 || this.#appending) return;
+      this.#appendLog().then(() => {
+        if (this.#unappended.length > 0) this.#scheduleAppend();
+      }, (error: unknown) => {
+        // Left for the next snapshot, which writes the log again first (and fails if it must).
+        this.#log({ level: 'error', msg: 'validator transaction log write failed', err: String(error) });
+      });
+    }, LOG_APPEND_INTERVAL_MS);
+    this.#appendTimer.unref();
+  }
+
+  /** Writes what is unwritten in the log, one write at a time; a call during a write shares it. */
+  #appendLog(): Promise<void> {
+    this.#appending ??= (async () => {
+      const batch = this.#unappended;
+      this.#unappended = [];
+      try {
+        await this.#store.append(batch);
+        if (batch.length > 0) this.#appendedSeq = batch.at(-1)!.record.seq;
+      } catch (error) {
+        this.#unappended = batch.concat(this.#unappended);
+        throw error;
+      } finally {
+        this.#appending = null;
+      }
+    })();
+    return this.#appending;
+  }
+
+  /** Resolves once the log holds every transaction through `seq`. */
+  async #appendThrough(seq: number): Promise<void> {
+    while (this.#appendedSeq < seq) {
+      if (!this.#appending && this.#unappended.length === 0) throw new Error(`the transaction log stops before ${seq}`);
+      await this.#appendLog();
+    }
+  }
+
   #publish(batch: readonly ExecutedTransaction[]): void {
     this.#store.publish(batch);
     for (const { record } of batch) this.#inFlight.delete(record.signature);
@@ -791,7 +855,8 @@ export class LocalValidator {
 
   /**
    * Group commit: the state and the results executed so far are captured together, written
-   * (status lines, then the snapshot, each flushed), and only then made visible.
+   * (the status lines not yet in the log, then the snapshot, each flushed), and only then made
+   * visible.
    */
   #persist(): Promise<void> {
     if (this.#persisting) return this.#persisting.then(() => this.#persist());
@@ -819,7 +884,7 @@ export class LocalValidator {
     const run = (async () => {
       let failed = false;
       try {
-        await this.#store.append(batch);
+        await this.#appendThrough(meta.seq);
         await writeSnapshot(dataDir, meta, state);
         this.#publish(batch);
         this.#lastPersist = { bytes: state.length, captureMs, totalMs: performance.now() - startedMs, transactions: batch.length };
@@ -871,6 +936,8 @@ export class LocalValidator {
       this.#closed = true;
       if (this.#persistTimer) clearTimeout(this.#persistTimer);
       this.#persistTimer = null;
+      if (this.#appendTimer) clearTimeout(this.#appendTimer);
+      this.#appendTimer = null;
       try {
         if (this.#dataDir) {
           if (this.#persisting) await this.#persisting;
