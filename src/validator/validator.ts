@@ -248,6 +248,8 @@ export class LocalValidator {
   #appendedSeq: number;
   #appending: Promise<void> | null = null;
   #appendTimer: NodeJS.Timeout | null = null;
+  /** A write ahead failed: the next snapshot's write tries again before any other. */
+  #appendFailed = false;
 
   #slotTimer: NodeJS.Timeout | null = null;
   #nextSlotAtMs = 0;
@@ -793,14 +795,16 @@ export class LocalValidator {
    * writing them early changes nothing a crash can show; it takes their flush off the slot's end.
    */
   #scheduleAppend(): void {
-    if (this.#appendTimer || this.#appending || this.#closed) return;
+    if (this.#appendTimer || this.#appending || this.#appendFailed || this.#closed) return;
     this.#appendTimer = setTimeout(() => {
       this.#appendTimer = null;
       if (this.#unappended.length === 0 || this.#appending) return;
       this.#appendLog().then(() => {
         if (this.#unappended.length > 0) this.#scheduleAppend();
       }, (error: unknown) => {
-        // Left for the next snapshot, which writes the log again first (and fails if it must).
+        // Left for the next snapshot, which writes the log again first (and fails if it must);
+        // no more writes ahead until one succeeds.
+        this.#appendFailed = true;
         this.#log({ level: 'error', msg: 'validator transaction log write failed', err: String(error) });
       });
     }, LOG_APPEND_INTERVAL_MS);
@@ -815,6 +819,7 @@ export class LocalValidator {
       try {
         await this.#store.append(batch);
         if (batch.length > 0) this.#appendedSeq = batch.at(-1)!.record.seq;
+        this.#appendFailed = false;
       } catch (error) {
         this.#unappended = batch.concat(this.#unappended);
         throw error;
