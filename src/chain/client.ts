@@ -131,7 +131,12 @@ interface Waiter {
 const STATUS_BATCH_MAX = 256;
 /** Recently prepared signatures remembered to keep deliberate repeats distinct. */
 const PREPARED_SIGNATURES_MAX = 200_000;
-const PREPARE_ATTEMPTS_MAX = 50;
+/**
+ * An identical transaction waits for the next blockhash, asking every PREPARE_RETRY_MS for up to
+ * PREPARE_WAIT_MS: a few slots (400 ms each on a cluster and on the notional slots of slotMs 0).
+ */
+const PREPARE_RETRY_MS = 20;
+const PREPARE_WAIT_MS = 3_000;
 /** Bounded caches: a PDA costs a few hashes to derive; thousands of vaults fit easily. */
 const PDA_CACHE_MAX = 100_000;
 
@@ -353,7 +358,8 @@ export class ChainClient {
    * same transaction, submit the PreparedTransaction again.
    */
   async prepare(instructions: readonly Instruction[]): Promise<PreparedTransaction> {
-    for (let attempt = 0; attempt < PREPARE_ATTEMPTS_MAX; attempt += 1) {
+    const deadlineMs = Date.now() + PREPARE_WAIT_MS;
+    for (let attempt = 0; attempt === 0 || Date.now() < deadlineMs; attempt += 1) {
       const prepared = await this.#sign(instructions, await this.#latestBlockhash());
       if (!this.#prepared.has(prepared.signature)) {
         if (this.#prepared.size >= PREPARED_SIGNATURES_MAX) this.#prepared.clear();
@@ -361,7 +367,7 @@ export class ChainClient {
         return prepared;
       }
       this.#blockhash = null;
-      if (attempt > 0) await new Promise((resolve) => setTimeout(resolve, this.#pollIntervalMs));
+      if (attempt > 0) await new Promise((resolve) => setTimeout(resolve, PREPARE_RETRY_MS));
     }
     throw new Error('no new blockhash to make this transaction distinct from an earlier identical one');
   }
