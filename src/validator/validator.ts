@@ -841,14 +841,17 @@ export class LocalValidator {
   #publish(batch: readonly ExecutedTransaction[]): void {
     this.#store.publish(batch);
     for (const { record } of batch) this.#inFlight.delete(record.signature);
-    if (batch.length === 0) return;
-    for (const listener of this.#publishedListeners) {
-      try {
-        listener();
-      } catch (error) {
-        this.#log({ level: 'error', msg: 'a publish listener failed', err: String(error) });
+    if (batch.length === 0 || this.#publishedListeners.length === 0) return;
+    // After the caller's own bookkeeping (publishing happens inside sendTransaction at slotMs 0).
+    queueMicrotask(() => {
+      for (const listener of this.#publishedListeners) {
+        try {
+          listener();
+        } catch (error) {
+          this.#log({ level: 'error', msg: 'a publish listener failed', err: String(error) });
+        }
       }
-    }
+    });
   }
 
   readonly #publishedListeners: Array<() => void> = [];
