@@ -12,6 +12,7 @@ import { migrate } from './db/migrate.ts';
 import { buildApp, type App } from './http/app.ts';
 import type { AppContext } from './http/context.ts';
 import { bootstrapOrganizations } from './organizations/organizations.ts';
+import { AttemptSender } from './webhooks/sender.ts';
 import { JOBS } from './workers/jobs.ts';
 import { startJobs, type JobRunner } from './workers/runner.ts';
 
@@ -49,7 +50,8 @@ export async function buildService(config: Config, options: BuildServiceOptions 
     const clock = await ServiceClock.load(db);
     chain = await connectChain(config, clock, logger);
     const ctx: AppContext = {
-      config, db, clock, chain: chain.chain, validator: chain.validator, cheatcodes: chain.cheatcodes, log: logger,
+      config, db, clock, chain: chain.chain, validator: chain.validator, cheatcodes: chain.cheatcodes,
+      webhookSender: new AttemptSender(clock), log: logger,
     };
     const bootstrap = await bootstrapOrganizations(ctx, config.bootstrapKey);
     const app = await buildApp(ctx, { logger });
@@ -61,6 +63,7 @@ export async function buildService(config: Config, options: BuildServiceOptions 
       async close() {
         await app.close();
         await jobs.stop();
+        await ctx.webhookSender.close();
         await openedChain.close();
         await openedDb.close();
       },

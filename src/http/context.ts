@@ -9,6 +9,7 @@ import type { Database } from '../db/database.ts';
 import type { Rpc } from '@solana/kit';
 import type { AgentVaultRpcApi } from '../validator/rpc.ts';
 import type { LocalValidator } from '../validator/validator.ts';
+import type { AttemptSender } from '../webhooks/sender.ts';
 
 export interface AppContext {
   config: Config;
@@ -19,5 +20,7 @@ export interface AppContext {
   validator: LocalValidator | null;
   /** a local validator's own methods (mint local USDC, set time); null on a real cluster */
   cheatcodes: Rpc<AgentVaultRpcApi> | null;
+  /** makes webhook attempts on a thread of its own */
+  webhookSender: AttemptSender;
   log: FastifyBaseLogger;
 }

@@ -6,8 +6,9 @@
  * carries the bigint values the in-process transport carries), and the business clock's offset
  * is shared memory (OffsetClock.offsetCell), so the test clock moves both at once.
  */
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
 import type { RpcTransport } from '@solana/kit';
+import { startThread } from '../threads/threads.ts';
 import type { ValidatorInfo } from './validator.ts';
 
 export interface ValidatorThreadOptions {
@@ -27,7 +28,7 @@ export type ThreadReply =
   | { kind: 'response'; id: number; response?: unknown; error?: string }
   | { kind: 'closed'; error?: string };
 
-const ENTRY = new URL('./thread-entry.mjs', import.meta.url);
+const MODULE = new URL('./thread-worker.ts', import.meta.url);
 
 export class ValidatorThreadError extends Error {
   constructor(message: string) {
@@ -62,7 +63,7 @@ export class ValidatorThread {
   /** Starts the thread and opens the validator in it; rejects with the validator's own error when it cannot open. */
   static start(options: ValidatorThreadOptions & { log?: (entry: Record<string, unknown>) => void }): Promise<ValidatorThread> {
     const { log = () => {}, ...threadOptions } = options;
-    const worker = new Worker(ENTRY, { workerData: threadOptions });
+    const worker = startThread(MODULE, threadOptions);
     return new Promise((resolve, reject) => {
       const early = (message: ThreadReply): void => {
         if (message.kind === 'log') log(message.entry);

@@ -20,21 +20,18 @@
  * fifth failure of a run pauses the delivery and degrades the webhook, which pauses all its
  * pending deliveries until an operator re-enables it.
  */
-import { createHmac } from 'node:crypto';
 import { Type } from 'typebox';
 import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { derivedId, newId } from '../ids/ids.ts';
-import { OutboundError, fetchGuarded } from '../net/outbound.ts';
+import type { AttemptRequest, AttemptResult, Signing } from './attempt.ts';
 import { getWebhook, webhookNotFound } from './webhooks.ts';
 
 /** SPEC: 5 attempts: immediately, then after 1 min, 5 min, 30 min and 2 h. */
 export const ATTEMPTS_PER_RUN = 5;
 /** Before attempts 2…5 of a run, counted from the start of the attempt before (docs/webhooks.md "Schedule"). */
 export const RETRY_DELAYS_MS = [60_000, 300_000, 1_800_000, 7_200_000] as const;
-/** SPEC: a 2xx within 5 seconds; anything else is a failed attempt. */
-export const DELIVERY_TIMEOUT_MS = 5_000;
 /**
  * The last attempt of a run has no next attempt whose time can serve as its lease: it is
  * leased this long, then counted as failed if its worker never said how it went.
@@ -42,7 +39,6 @@ export const DELIVERY_TIMEOUT_MS = 5_000;
 export const FINAL_ATTEMPT_LEASE_MS = 60_000;
 /** Undelivered and finished deliveries alike are kept this long (the delivery log). */
 export const DELIVERY_LOG_RETENTION_MS = 30 * 24 * 3600 * 1000;
-export const USER_AGENT = 'AgentVault-Webhooks/1.0';
 
 /** Attempts claimed together and sent concurrently by one claimer. */
 const CLAIM_BATCH = 50;
@@ -50,10 +46,6 @@ const CLAIM_BATCH = 50;
 const CLAIMERS = 4;
 /** One dispatch run stops claiming after this long; the next run continues. */
 const DISPATCH_BUDGET_MS = 20_000;
-/** A receiver's answer is read up to this size; a larger one fails the attempt. */
-const RESPONSE_BYTES_MAX = 256 * 1024;
-/** What the delivery log keeps of a receiver's answer. */
-const RESPONSE_EXCERPT_CHARS = 500;
 /** The delivery log shows at most this many attempts per delivery (the latest). */
 const LOG_ATTEMPTS_SHOWN_MAX = 25;
 const RETENTION_BATCH = 1_000;
@@ -63,11 +55,6 @@ const LOST_ATTEMPT_ERROR = 'No outcome was recorded: the worker making this atte
 
 // ---------------------------------------------------------------------------------------------
 // What a delivery is made of
-
-/** `Service-Signature`: lowercase hex HMAC-SHA256 of the raw body, keyed with the secret's UTF-8 bytes. */
-export function signatureOf(body: string, secret: string): string {
-  return createHmac('sha256', secret).update(body, 'utf8').digest('hex');
-}
 
 export interface StoredEvent {
   id: string;
@@ -80,24 +67,6 @@ export interface StoredEvent {
 export function deliveryBody(event: StoredEvent): string {
   const { event: _event, id: _id, timestamp: _timestamp, ...payload } = event.payload;
   return JSON.stringify({ event: event.type, id: event.id, timestamp: event.created_at.toISOString(), ...payload });
-}
-
-export interface Signing {
-  secret: string;
-  /** the secret before the last rotation, while its overlap lasts */
-  previousSecret: string | null;
-}
-
-export function deliveryHeaders(body: string, signing: Signing, ids: { eventId: string; deliveryId: string; attempt: number }): Record<string, string> {
-  return {
-    'content-type': 'application/json',
-    'user-agent': USER_AGENT,
-    'service-signature': signatureOf(body, signing.secret),
-    ...(signing.previousSecret === null ? {} : { 'service-signature-previous': signatureOf(body, signing.previousSecret) }),
-    'service-event-id': ids.eventId,
-    'service-delivery-id': ids.deliveryId,
-    'service-delivery-attempt': String(ids.attempt),
-  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -121,18 +90,11 @@ interface DeliveryRow {
 }
 
 /** One attempt a worker holds: everything needed to send it and to record how it went. */
-export interface ClaimedAttempt {
-  deliveryId: string;
+export interface ClaimedAttempt extends AttemptRequest {
   webhookId: string;
-  eventId: string;
-  attempt: number;
   /** the fifth of its run: a failure degrades the webhook */
   final: boolean;
   ping: boolean;
-  url: string;
-  signing: Signing;
-  /** null when the event is no longer stored (the delivery cannot be made) */
-  body: string | null;
 }
 
 interface SigningRow {
@@ -208,49 +170,6 @@ export async function claimDueAttempts(db: Database, nowMs: number, limit: numbe
 
 // ---------------------------------------------------------------------------------------------
 // Sending and recording
-
-export interface AttemptResult {
-  succeeded: boolean;
-  statusCode: number | null;
-  latencyMs: number;
-  error: string | null;
-  responseExcerpt: string | null;
-}
-
-/** Text a receiver sent, made storable: bounded, and without NUL (which PostgreSQL text refuses). */
-function excerptOf(body: Buffer): string | null {
-  if (!body.length) return null;
-  return body.subarray(0, RESPONSE_EXCERPT_CHARS * 4).toString('utf8').replace(/\u0000/g, '').slice(0, RESPONSE_EXCERPT_CHARS);
-}
-
-/** Makes one attempt; never throws (every way it can go wrong is a failed attempt with a reason). */
-export async function sendAttempt(claim: ClaimedAttempt, options: { allowPrivate: boolean }): Promise<AttemptResult> {
-  if (claim.body === null) {
-    return { succeeded: false, statusCode: null, latencyMs: 0, error: 'The event is no longer stored (past its retention).', responseExcerpt: null };
-  }
-  const startedMs = performance.now();
-  try {
-    const response = await fetchGuarded(claim.url, {
-      method: 'POST',
-      headers: deliveryHeaders(claim.body, claim.signing, { eventId: claim.eventId, deliveryId: claim.deliveryId, attempt: claim.attempt }),
-      body: claim.body,
-      timeoutMs: DELIVERY_TIMEOUT_MS,
-      maxBytes: RESPONSE_BYTES_MAX,
-      allowPrivate: options.allowPrivate,
-    });
-    const succeeded = response.status >= 200 && response.status < 300;
-    let error: string | null = null;
-    if (response.status >= 300 && response.status < 400) {
-      error = `The endpoint answered ${response.status}, a redirect, which is not followed: a 2xx is required.`;
-    } else if (!succeeded) {
-      error = `The endpoint answered ${response.status}: a 2xx is required.`;
-    }
-    return { succeeded, statusCode: response.status, latencyMs: response.latencyMs, error, responseExcerpt: excerptOf(response.body) };
-  } catch (error) {
-    const message = error instanceof OutboundError ? `${error.message}.` : 'The request could not be made.';
-    return { succeeded: false, statusCode: null, latencyMs: Math.round(performance.now() - startedMs), error: message, responseExcerpt: null };
-  }
-}
 
 /**
  * Degrades an active webhook and pauses its pending deliveries (one in flight finishes, and is
@@ -558,18 +477,11 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
     else if (!stream.active) done.push({ attempt, outcome: { kind: 'paused' } });
     else toSend.push(attempt);
   }
-  let next = 0;
-  const sender = async (): Promise<void> => {
-    while (next < toSend.length) {
-      const attempt = toSend[next++]!;
-      const attemptedAt = new Date(ctx.clock.nowMs());
-      const result = await sendAttempt(attempt, { allowPrivate: ctx.config.allowPrivateWebhooks });
-      // The service clock when the answer came: the delivery log's finished_at, and delivered_at for a 2xx.
-      const finishedAt = new Date(ctx.clock.nowMs());
-      done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(STREAM_SENDS_MAX, toSend.length) }, sender));
+  const sent = await ctx.webhookSender.send(toSend, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: STREAM_SENDS_MAX });
+  toSend.forEach((attempt, index) => {
+    const { attemptedAt, finishedAt, result } = sent[index]!;
+    done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
+  });
   await recordStream(ctx.db, ctx.clock.nowMs(), stream, done);
   return toSend.length;
 }
@@ -665,10 +577,11 @@ async function sendDueAttempts(ctx: AppContext): Promise<number> {
   if (!claims.length) return 0;
   // Successes are recorded together; any other outcome on its own.
   const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
-  const outcomes = await Promise.allSettled(claims.map(async (claim) => {
-    const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
+  const sent = await ctx.webhookSender.send(claims, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: claims.length });
+  const outcomes = await Promise.allSettled(claims.map(async (claim, index) => {
+    const { result, finishedAt } = sent[index]!;
     if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
-    else await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
+    else await recordAttempt(ctx.db, finishedAt.getTime(), claim, result);
   }));
   outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
   const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
@@ -712,7 +625,10 @@ export async function sendTestPing(ctx: AppContext, orgId: string, webhookId: st
   const claim: ClaimedAttempt = {
     deliveryId, webhookId, eventId, attempt: 1, final: false, ping: true, url: webhook.url, signing: signingOf(webhook, nowMs), body,
   };
-  const result = await sendAttempt(claim, { allowPrivate: ctx.config.allowPrivateWebhooks });
+  // A sender that failed (its thread stopped) is a failed ping, not a delivery left pending.
+  const result = await ctx.webhookSender.send([claim], { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: 1 }).then(
+    ([sent]) => sent!.result,
+    (): AttemptResult => ({ succeeded: false, statusCode: null, latencyMs: 0, error: 'The request could not be made.', responseExcerpt: null }));
   await recordAttempt(ctx.db, ctx.clock.nowMs(), claim, result);
   return {
     delivery_id: deliveryId, event_id: eventId, success: result.succeeded, status_code: result.statusCode,

@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { EVENT_TYPES } from '../events/events.ts';
 import { isPublicAddress } from '../net/outbound.ts';
-import { deliveryHeaders, signatureOf } from './delivery.ts';
+import { deliveryHeaders, signatureOf } from './attempt.ts';
 import { startReceiver, type Receiver } from './testing.ts';
 
 const PRIVATE_ON = { AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS: 'on' };

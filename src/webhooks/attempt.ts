@@ -1,0 +1,122 @@
+/**
+ * One delivery attempt, made: the signed request of SPEC ("Webhooks"), sent through the SSRF
+ * guard, and its answer judged. No database here: this is what the sending thread
+ * (sender.ts) runs, off the service's event loop.
+ */
+import { createHmac } from 'node:crypto';
+import type { Clock } from '../clock/clock.ts';
+import { OutboundError, fetchGuarded } from '../net/outbound.ts';
+
+/** SPEC: a 2xx within 5 seconds; anything else is a failed attempt. */
+export const DELIVERY_TIMEOUT_MS = 5_000;
+export const USER_AGENT = 'AgentVault-Webhooks/1.0';
+/** A receiver's answer is read up to this size; a larger one fails the attempt. */
+const RESPONSE_BYTES_MAX = 256 * 1024;
+/** What the delivery log keeps of a receiver's answer. */
+const RESPONSE_EXCERPT_CHARS = 500;
+
+/** `Service-Signature`: lowercase hex HMAC-SHA256 of the raw body, keyed with the secret's UTF-8 bytes. */
+export function signatureOf(body: string, secret: string): string {
+  return createHmac('sha256', secret).update(body, 'utf8').digest('hex');
+}
+
+export interface Signing {
+  secret: string;
+  /** the secret before the last rotation, while its overlap lasts */
+  previousSecret: string | null;
+}
+
+export function deliveryHeaders(body: string, signing: Signing, ids: { eventId: string; deliveryId: string; attempt: number }): Record<string, string> {
+  return {
+    'content-type': 'application/json',
+    'user-agent': USER_AGENT,
+    'service-signature': signatureOf(body, signing.secret),
+    ...(signing.previousSecret === null ? {} : { 'service-signature-previous': signatureOf(body, signing.previousSecret) }),
+    'service-event-id': ids.eventId,
+    'service-delivery-id': ids.deliveryId,
+    'service-delivery-attempt': String(ids.attempt),
+  };
+}
+
+/** What an attempt needs to be made. */
+export interface AttemptRequest {
+  deliveryId: string;
+  eventId: string;
+  attempt: number;
+  url: string;
+  signing: Signing;
+  /** null when the event is no longer stored (the delivery cannot be made) */
+  body: string | null;
+}
+
+export interface AttemptResult {
+  succeeded: boolean;
+  statusCode: number | null;
+  latencyMs: number;
+  error: string | null;
+  responseExcerpt: string | null;
+}
+
+/** An attempt made, with the service clock's time when it began and when its answer came. */
+export interface SentAttempt {
+  attemptedAt: Date;
+  finishedAt: Date;
+  result: AttemptResult;
+}
+
+/** Text a receiver sent, made storable: bounded, and without NUL (which PostgreSQL text refuses). */
+function excerptOf(body: Buffer): string | null {
+  if (!body.length) return null;
+  return body.subarray(0, RESPONSE_EXCERPT_CHARS * 4).toString('utf8').replace(/\u0000/g, '').slice(0, RESPONSE_EXCERPT_CHARS);
+}
+
+/** Makes one attempt; never throws (every way it can go wrong is a failed attempt with a reason). */
+export async function sendAttempt(request: AttemptRequest, options: { allowPrivate: boolean }): Promise<AttemptResult> {
+  if (request.body === null) {
+    return { succeeded: false, statusCode: null, latencyMs: 0, error: 'The event is no longer stored (past its retention).', responseExcerpt: null };
+  }
+  const startedMs = performance.now();
+  try {
+    const response = await fetchGuarded(request.url, {
+      method: 'POST',
+      headers: deliveryHeaders(request.body, request.signing, { eventId: request.eventId, deliveryId: request.deliveryId, attempt: request.attempt }),
+      body: request.body,
+      timeoutMs: DELIVERY_TIMEOUT_MS,
+      maxBytes: RESPONSE_BYTES_MAX,
+      allowPrivate: options.allowPrivate,
+    });
+    const succeeded = response.status >= 200 && response.status < 300;
+    let error: string | null = null;
+    if (response.status >= 300 && response.status < 400) {
+      error = `The endpoint answered ${response.status}, a redirect, which is not followed: a 2xx is required.`;
+    } else if (!succeeded) {
+      error = `The endpoint answered ${response.status}: a 2xx is required.`;
+    }
+    return { succeeded, statusCode: response.status, latencyMs: response.latencyMs, error, responseExcerpt: excerptOf(response.body) };
+  } catch (error) {
+    const message = error instanceof OutboundError ? `${error.message}.` : 'The request could not be made.';
+    return { succeeded: false, statusCode: null, latencyMs: Math.round(performance.now() - startedMs), error: message, responseExcerpt: null };
+  }
+}
+
+export interface SendOptions {
+  allowPrivate: boolean;
+  /** attempts in flight at once */
+  concurrency: number;
+}
+
+/** Makes every attempt, at most `concurrency` at a time; the outcomes in the requests' order. */
+export async function sendAttempts(requests: readonly AttemptRequest[], options: SendOptions, clock: Clock): Promise<SentAttempt[]> {
+  const sent: SentAttempt[] = new Array(requests.length);
+  let next = 0;
+  const sender = async (): Promise<void> => {
+    while (next < requests.length) {
+      const index = next++;
+      const attemptedAt = new Date(clock.nowMs());
+      const result = await sendAttempt(requests[index]!, options);
+      sent[index] = { attemptedAt, finishedAt: new Date(clock.nowMs()), result };
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(Math.max(1, options.concurrency), requests.length) }, sender));
+  return sent;
+}
