@@ -93,7 +93,10 @@ const CLOCK_TICKS_PER_SECOND = 100;
 const TARGET = {
   manyVsTpcb: 0.5, hotVsSingleRow: 0.3, busyVsFresh: 0.9, p99NoWaitMs: 25, p99WaitExtraMs: 25, webhookDropPct: 15, webhookLagP99Ms: 2000,
 };
+/** How long after a webhook turn its deliveries may take to arrive before they count as not delivered. */
 const WEBHOOK_DRAIN_MS = 5_000;
+/** Rounds of the webhook comparison: each a turn with the webhooks on and one with them off. */
+const WEBHOOK_ROUNDS = 2;
 
 function databaseUrl(name: string): string {
   const url = new URL(values['database-url']!);
@@ -290,31 +293,57 @@ try {
   const fresh = summarise(freshPieces);
   const busy = summarise(busyPieces);
 
-  // The many-vault run again with webhooks subscribed to every event, received here: first the
-  // webhooks of --webhooks (the target's run), then as many again beside them (for reference).
+  // The many-vault run with webhooks subscribed to every event, received here. The target's
+  // webhooks (--webhooks) are switched on and off between turns of the same run, ABBA, so that
+  // the drop compares neighbours in time; then, for reference, three times as many in one turn.
+  // A webhook's backlog is drained before it is switched off (off, it would skip what it has
+  // not sent yet).
   const receiver = new RawReceiver();
   const hookUrl = await receiver.listen();
-  const webhookRun = async (count: number, name: string): Promise<{ row: Row; lag: WebhookLag }> => {
-    while (webhooksRegistered < count) {
-      await api('POST', '/v1/webhooks', { url: hookUrl, events: '*' });
-      webhooksRegistered += 1;
+  const webhookIds: string[] = [];
+  const switchWebhooks = async (active: number): Promise<void> => {
+    while (webhookIds.length < Math.max(active, WEBHOOKS)) {
+      webhookIds.push((await api('POST', '/v1/webhooks', { url: hookUrl, events: '*' })).webhook_id as string);
     }
-    const sinceMs = Date.now();
-    const row = summarise([await runScenario({ name, wallets: manyVaults, wait: false, connections })]);
-    await sleep(WEBHOOK_DRAIN_MS);
-    // Every event of the run is due to every webhook ('*'); what has no delivered row yet is waiting.
-    const [lag] = (await serviceDb!.query<WebhookLag>(
-      `SELECT count(*)::int AS delivered,
-              (SELECT count(*) FROM events WHERE created_at >= $1)::int * $2 - count(*)::int AS waiting,
-              percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM delivered_at - event_created_at) * 1000) AS p50,
-              percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM delivered_at - event_created_at) * 1000) AS p99
-       FROM webhook_deliveries WHERE event_created_at >= $1 AND event_type <> 'ping' AND status = 'delivered'`,
-      [new Date(sinceMs), count])).rows;
-    return { row, lag: lag! };
+    await Promise.all(webhookIds.map((id, i) => api('PATCH', `/v1/webhooks/${id}`, { status: i < active ? 'active' : 'disabled' })));
   };
-  let webhooksRegistered = 0;
-  const hooked = await webhookRun(WEBHOOKS, `many vaults, ${WEBHOOKS} webhook${WEBHOOKS === 1 ? '' : 's'}`);
-  const moreHooked = await webhookRun(3 * WEBHOOKS, `many vaults, ${3 * WEBHOOKS} webhooks`);
+  const plainName = 'many vaults, webhooks off';
+  const hookedName = (count: number) => `many vaults, ${count} webhook${count === 1 ? '' : 's'}`;
+  const hookedTurn = async (count: number): Promise<{ piece: Piece; window: Window }> => {
+    await switchWebhooks(count);
+    const from = new Date();
+    const piece = await runScenario({ name: hookedName(count), wallets: manyVaults, wait: false, connections });
+    const drainedBy = Date.now() + WEBHOOK_DRAIN_MS;
+    while ((await webhookLag(serviceDb!, [[from, new Date()]], count)).waiting > 0 && Date.now() < drainedBy) await sleep(100);
+    const window: Window = [from, new Date()];
+    await switchWebhooks(0);
+    return { piece, window };
+  };
+  // As the warm-up before the scenarios: the dispatcher's code paths and its sending thread
+  // (started with the first delivery) get going before anything is timed.
+  await switchWebhooks(WEBHOOKS);
+  log('webhook warm-up: 2 s');
+  await closedLoop(baseUrl, bodiesFor(manyVaults, 'webhook warm-up', false), connections, 2);
+  await sleep(settleSeconds * 1000);
+  await switchWebhooks(0);
+  const plainPieces: Piece[] = [];
+  const hookedPieces: Piece[] = [];
+  const hookedWindows: Window[] = [];
+  for (let round = 0; round < WEBHOOK_ROUNDS; round += 1) {
+    for (const webhooksOn of round % 2 === 0 ? [false, true] : [true, false]) {
+      if (!webhooksOn) {
+        plainPieces.push(await runScenario({ name: plainName, wallets: manyVaults, wait: false, connections }));
+        continue;
+      }
+      const turn = await hookedTurn(WEBHOOKS);
+      hookedPieces.push(turn.piece);
+      hookedWindows.push(turn.window);
+    }
+  }
+  const plain = summarise(plainPieces);
+  const hooked = { row: summarise(hookedPieces), lag: await webhookLag(serviceDb, hookedWindows, WEBHOOKS) };
+  const moreTurn = await hookedTurn(3 * WEBHOOKS);
+  const moreHooked = { row: summarise([moreTurn.piece]), lag: await webhookLag(serviceDb, [moreTurn.window], 3 * WEBHOOKS) };
   receiver.close();
   const statuses = await paymentStatuses(serviceDb);
 
@@ -344,7 +373,8 @@ try {
     fresh.paymentsPerSecond >= TARGET.hotVsSingleRow * singleRowTps);
   line(busy, `${(busy.paymentsPerSecond / fresh.paymentsPerSecond).toFixed(2)}× fresh`, `≥ ${TARGET.busyVsFresh}× fresh vault`,
     busy.paymentsPerSecond >= TARGET.busyVsFresh * fresh.paymentsPerSecond);
-  const dropOf = (run: { row: Row }) => 1 - run.row.paymentsPerSecond / many.paymentsPerSecond;
+  line(plain, `${(plain.paymentsPerSecond / many.paymentsPerSecond).toFixed(2)}× many vaults`, '(baseline of the webhook runs)', null);
+  const dropOf = (run: { row: Row }) => 1 - run.row.paymentsPerSecond / plain.paymentsPerSecond;
   const lagMet = (lag: WebhookLag) => lag.p99 !== null && lag.p99 <= TARGET.webhookLagP99Ms && lag.waiting === 0;
   line(hooked.row, `${(dropOf(hooked) * 100).toFixed(0)}% drop`, `≤ ${TARGET.webhookDropPct}% drop, lag p99 ≤ ${TARGET.webhookLagP99Ms} ms`,
     dropOf(hooked) * 100 <= TARGET.webhookDropPct && lagMet(hooked.lag));
@@ -359,18 +389,20 @@ try {
   console.log();
   for (const [count, run] of [[WEBHOOKS, hooked], [3 * WEBHOOKS, moreHooked]] as const) {
     console.log(`webhooks (${count} subscribed to *): ${run.lag.delivered} deliveries, ${run.lag.waiting} not yet delivered `
-      + `${WEBHOOK_DRAIN_MS / 1000} s after the run; lag (event written → receiver answered) p50 ${fmt(Number(run.lag.p50))} ms, `
+      + `${WEBHOOK_DRAIN_MS / 1000} s after its turns; lag (event written → receiver answered) p50 ${fmt(Number(run.lag.p50))} ms, `
       + `p99 ${fmt(Number(run.lag.p99))} ms`);
   }
   console.log(`the webhook receiver answered ${receiver.requests} requests on ${receiver.connections} connections`);
   console.log();
   console.log(`"met" also requires the settlement backlog to be gone ${settleSeconds} s after the run (pending → 0). `
-    + `The fresh (one hot vault) and busy vaults took ${ALTERNATION_ROUNDS} turns each of ${pieceSeconds} s.`);
+    + `The fresh (one hot vault) and busy vaults took ${ALTERNATION_ROUNDS} turns each of ${pieceSeconds} s; `
+    + `the many-vault run took ${WEBHOOK_ROUNDS} turns of ${seconds} s with ${WEBHOOKS} webhook${WEBHOOKS === 1 ? '' : 's'} on `
+    + `and as many with them off, alternately (ABBA), and the drop compares the two.`);
   console.log();
   console.log(`CPU during each run, in cores of ${availableParallelism()} (service | postgres backends | load generator | rest of the machine), `
     + 'and CPU ms per accepted payment (per transaction for pgbench, whose client counts in the rest):');
   for (const summary of pgbenchRuns) console.log(`  ${summary}`);
-  for (const row of [many, manyWait, half, halfWait, fresh, busy, hooked.row, moreHooked.row]) {
+  for (const row of [many, manyWait, half, halfWait, fresh, busy, plain, hooked.row, moreHooked.row]) {
     console.log(`  ${row.name.padEnd(24)} ${describeCpu(row.cpu, row.ok)}; non-2xx ${row.non2xx}, errors ${row.errors}, `
       + `peak pending ${row.pendingPeak}`);
   }
@@ -548,6 +580,27 @@ interface Piece {
 }
 
 interface WebhookLag { delivered: number; waiting: number; p50: number | null; p99: number | null }
+/** When webhooks were on: every event written in it is due to each of them. */
+type Window = [from: Date, to: Date];
+
+/**
+ * Deliveries of the events written in `windows` (each due to `webhooks` webhooks subscribed to
+ * '*'): how many arrived, how many have not, and the lag from the event's time to the receiver's
+ * answer.
+ */
+async function webhookLag(db: pg.Pool, windows: Window[], webhooks: number): Promise<WebhookLag> {
+  const [lag] = (await db.query<WebhookLag>(
+    `WITH w AS (SELECT * FROM unnest($1::timestamptz[], $2::timestamptz[]) AS w(from_at, to_at))
+     SELECT count(*)::int AS delivered,
+            (SELECT count(*) FROM events e, w WHERE e.created_at >= w.from_at AND e.created_at < w.to_at)::int * $3
+              - count(*)::int AS waiting,
+            percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM d.delivered_at - d.event_created_at) * 1000) AS p50,
+            percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM d.delivered_at - d.event_created_at) * 1000) AS p99
+     FROM webhook_deliveries d, w
+     WHERE d.event_created_at >= w.from_at AND d.event_created_at < w.to_at AND d.event_type <> 'ping' AND d.status = 'delivered'`,
+    [windows.map(([from]) => from), windows.map(([, to]) => to), webhooks])).rows;
+  return lag!;
+}
 
 interface Row {
   name: string;
