@@ -2,7 +2,7 @@
  * Webhook deliveries end to end: events made through the API reach real HTTP receivers on
  * 127.0.0.1 (AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS on), signed as docs/webhooks.md says; the retry
  * schedule on the test clock; degradation, pausing and re-enabling; redirects; a worker that
- * dies mid-attempt; secret rotation; and, on PostgreSQL, several dispatchers on one database.
+ * dies mid-attempt, and a sending thread that does; secret rotation; and, on PostgreSQL, several dispatchers on one database.
  *
  * Receivers record the service clock at each arrival, so the schedule is checked in business
  * time; the test clock is advanced to just before each due time (nothing may arrive) and then
@@ -10,13 +10,17 @@
  */
 import assert from 'node:assert/strict';
 import { createHmac } from 'node:crypto';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { openDatabase } from '../db/database.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
-import { claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks } from './delivery.ts';
+import { claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, FINAL_ATTEMPT_LEASE_MS } from './delivery.ts';
+import { AttemptSender } from './sender.ts';
 import { startReceiver, type ReceivedRequest, type Receiver } from './testing.ts';
 
 /** SPEC.md: attempt 2 after 1 minute, 3 after 5 minutes, 4 after 30 minutes, 5 after 2 hours. */
@@ -328,18 +332,27 @@ describe('webhook deliveries', () => {
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
+  /**
+   * A new event whose first four attempts fail (the receiver must be failing), and the clock
+   * past the fifth's due time. Returns the event's id.
+   */
+  async function failFourAttemptsOfAnEvent(key: string, path: string): Promise<string> {
+    const event = await newPolicyEvent(key, `Four failures ${path}`);
+    await t.service.jobs.runOnce();
+    for (let k = 1; k <= 3; k += 1) {
+      await advance(RETRY_DELAYS_MS[k - 1]! / 1000 + 1);
+      await t.service.jobs.runOnce();
+    }
+    assert.equal(arrivals(path).length, 4, 'four attempts were made');
+    await advance(RETRY_DELAYS_MS[3] / 1000 + 1);
+    return event;
+  }
+
   test('a lost last attempt counts as failed: the webhook degrades once its claim lapses', async () => {
     const { key, webhookId } = await setUp('/lost-last', ['policy.created']);
     receiver.reply = () => ({ status: 500 });
     try {
-      const event = await newPolicyEvent(key, 'Lost last');
-      await t.service.jobs.runOnce();
-      for (let k = 1; k <= 3; k += 1) {
-        await advance(RETRY_DELAYS_MS[k - 1]! / 1000 + 1);
-        await t.service.jobs.runOnce();
-      }
-      assert.equal(arrivals('/lost-last').length, 4);
-      await advance(RETRY_DELAYS_MS[3] / 1000 + 1);
+      const event = await failFourAttemptsOfAnEvent(key, '/lost-last');
       const claims = await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
       assert.equal(claims.find((claim) => claim.eventId === event)?.attempt, 5, 'the fifth attempt is claimed, then its worker dies');
       await t.service.jobs.runOnce();
@@ -353,6 +366,83 @@ describe('webhook deliveries', () => {
       assert.equal(arrivals('/lost-last').length, 4);
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  /** Runs `body` with the service's sending thread replaced by one that dies on its first batch. */
+  async function withSenderCrashingOnce(body: () => Promise<void>): Promise<void> {
+    const dir = mkdtempSync(join(tmpdir(), 'av-crash-'));
+    const marker = join(dir, 'crash-once');
+    writeFileSync(marker, '');
+    const ctx = t.service.ctx;
+    const real = ctx.webhookSender;
+    process.env.AV_TEST_SENDER_CRASH_ONCE = marker;
+    ctx.webhookSender = new AttemptSender(ctx.clock, { module: new URL('./testing-sender-worker.ts', import.meta.url) });
+    try {
+      await body();
+      assert.equal(existsSync(marker), false, 'the sending thread did crash');
+    } finally {
+      await ctx.webhookSender.close();
+      ctx.webhookSender = real;
+      delete process.env.AV_TEST_SENDER_CRASH_ONCE;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
+  test('a sending thread that dies with a fifth attempt in its batch: the batch goes again on a new thread, and the webhook stays active', async () => {
+    const { key, webhookId } = await setUp('/sender-crash', ['policy.created']);
+    receiver.reply = () => ({ status: 500 });
+    try {
+      const event = await failFourAttemptsOfAnEvent(key, '/sender-crash');
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await withSenderCrashingOnce(() => t.service.jobs.runOnce());
+
+      const hits = arrivals('/sender-crash');
+      assert.equal(hits.length, 5, 'the fifth attempt reached the receiver');
+      assert.equal(hits[4]!.headers['service-delivery-attempt'], '5');
+      const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
+      assert.equal(delivery!.status, 'delivered', 'delivered, not lost');
+      assert.deepEqual(delivery!.attempts.map((a) => a.outcome), ['failed', 'failed', 'failed', 'failed', 'succeeded']);
+      await advance(FINAL_ATTEMPT_LEASE_MS / 1000 + 1);
+      await t.service.jobs.runOnce();
+      assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'the webhook is not degraded');
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('a sending thread that dies with first attempts in its batch: they are delivered at once, not a minute later', async () => {
+    const { key, webhookId } = await setUp('/sender-crash-first', ['policy.created']);
+    const event = await newPolicyEvent(key, 'Sender crash first');
+    await withSenderCrashingOnce(() => t.service.jobs.runOnce());
+    assert.deepEqual(arrivals('/sender-crash-first').map((r) => r.body.id), [event], 'delivered by the first run');
+    const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.equal(delivery!.status, 'delivered');
+    assert.deepEqual(delivery!.attempts.map((a) => a.outcome), ['succeeded'], 'one attempt, recorded');
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+  });
+
+  test('a test ping whose sending thread cannot be used is answered and recorded as failed', async () => {
+    const { key, webhookId } = await setUp('/ping-no-sender', ['policy.created']);
+    const ctx = t.service.ctx;
+    const real = ctx.webhookSender;
+    ctx.webhookSender = new AttemptSender(ctx.clock);
+    await ctx.webhookSender.close();
+    try {
+      const ping = await t.request('POST', `/v1/webhooks/${webhookId}/test`, { key });
+      assert.equal(ping.status, 200, JSON.stringify(ping.body));
+      assert.equal(ping.body.success, false);
+      assert.equal(ping.body.status_code, null);
+      assert.equal(ping.body.error, 'The request could not be made.');
+      const [delivery] = await deliveries(key, webhookId);
+      assert.equal(delivery!.event_type, 'ping');
+      assert.equal(delivery!.status, 'failed', 'recorded as failed, not left pending');
+      assert.equal(delivery!.failure_reason, 'ping_failed');
+      assert.equal(arrivals('/ping-no-sender').length, 0, 'nothing reached the receiver');
+    } finally {
+      ctx.webhookSender = real;
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
     }
   });

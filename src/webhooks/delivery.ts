@@ -25,7 +25,8 @@ import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { derivedId, newId } from '../ids/ids.ts';
-import type { AttemptRequest, AttemptResult, Signing } from './attempt.ts';
+import type { AttemptRequest, AttemptResult, SendOptions, SentAttempt, Signing } from './attempt.ts';
+import { AttemptSenderError } from './sender.ts';
 import { getWebhook, webhookNotFound } from './webhooks.ts';
 
 /** SPEC: 5 attempts: immediately, then after 1 min, 5 min, 30 min and 2 h. */
@@ -464,6 +465,22 @@ async function recordStream(
 }
 
 /**
+ * Hands a batch to the sending thread. A batch whose thread failed or got stuck is sent once
+ * more, on a new thread: its attempts were perhaps made (a receiver may see one twice, which
+ * at-least-once allows), but otherwise they would all be lost, and a lost fifth attempt
+ * degrades its webhook. If the second try fails too, the error stands and the leases decide.
+ */
+async function sendBatch(ctx: AppContext, requests: readonly AttemptRequest[], options: SendOptions): Promise<SentAttempt[]> {
+  try {
+    return await ctx.webhookSender.send(requests, options);
+  } catch (error) {
+    if (!(error instanceof AttemptSenderError) || ctx.webhookSender.closed) throw error;
+    ctx.log.warn({ err: error, attempts: requests.length }, 'webhook sender failed; sending the batch once more');
+    return ctx.webhookSender.send(requests, options);
+  }
+}
+
+/**
  * Sends a stream batch, at most STREAM_SENDS_MAX at a time, and records it. A degraded
  * webhook's events are recorded paused, unsent; an event older than the delivery log keeps is
  * given up. Returns the attempts made.
@@ -477,7 +494,7 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
     else if (!stream.active) done.push({ attempt, outcome: { kind: 'paused' } });
     else toSend.push(attempt);
   }
-  const sent = await ctx.webhookSender.send(toSend, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: STREAM_SENDS_MAX });
+  const sent = await sendBatch(ctx, toSend, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: STREAM_SENDS_MAX });
   toSend.forEach((attempt, index) => {
     const { attemptedAt, finishedAt, result } = sent[index]!;
     done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
@@ -577,7 +594,7 @@ async function sendDueAttempts(ctx: AppContext): Promise<number> {
   if (!claims.length) return 0;
   // Successes are recorded together; any other outcome on its own.
   const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
-  const sent = await ctx.webhookSender.send(claims, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: claims.length });
+  const sent = await sendBatch(ctx, claims, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: claims.length });
   const outcomes = await Promise.allSettled(claims.map(async (claim, index) => {
     const { result, finishedAt } = sent[index]!;
     if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });

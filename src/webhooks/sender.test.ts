@@ -1,4 +1,9 @@
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { OffsetClock } from '../clock/clock.ts';
 import type { AttemptRequest } from './attempt.ts';
@@ -51,11 +56,12 @@ test('the sender keeps at most `concurrency` attempts in flight and applies the 
   receiver.received.length = 0;
   let inFlight = 0;
   let mostInFlight = 0;
+  // Each answer waits long enough for the next two of its round to arrive, however slowly they come.
   receiver.reply = () => {
     inFlight += 1;
     mostInFlight = Math.max(mostInFlight, inFlight);
-    setTimeout(() => { inFlight -= 1; }, 40);
-    return { status: 204, delayMs: 40 };
+    setTimeout(() => { inFlight -= 1; }, 300);
+    return { status: 204, delayMs: 300 };
   };
   const sender = new AttemptSender(new OffsetClock());
   try {
@@ -78,4 +84,90 @@ test('a closed sender refuses new batches', async () => {
   await sender.send([request(1)], { allowPrivate: true, concurrency: 1 });
   await sender.close();
   await assert.rejects(sender.send([request(2)], { allowPrivate: true, concurrency: 1 }), AttemptSenderError, 'closed: nothing is sent');
+});
+
+/** A sender whose thread fails on the batches the test thread module is told to fail. */
+function failingSender(stuckAfterMs = 10_000): AttemptSender {
+  return new AttemptSender(new OffsetClock(), {
+    module: new URL('./testing-sender-worker.ts', import.meta.url),
+    stuckAfter: { roundMs: 0, marginMs: stuckAfterMs },
+  });
+}
+
+function failure(kind: 'crash' | 'exit' | 'silent'): AttemptRequest {
+  return { ...request(0), deliveryId: `dlv_${kind}` };
+}
+
+for (const kind of ['crash', 'exit'] as const) {
+  test(`a thread that ${kind === 'crash' ? 'dies of an error' : 'exits'} fails every batch it held; the next batch gets a new thread`, async () => {
+    receiver.reply = () => ({ status: 200 });
+    const sender = failingSender();
+    try {
+      assert.equal((await sender.send([request(1)], { allowPrivate: true, concurrency: 1 }))[0]!.result.succeeded, true,
+        'the first thread works');
+      const held = sender.send([request(2)], { allowPrivate: true, concurrency: 1 });
+      const failed = sender.send([failure(kind)], { allowPrivate: true, concurrency: 1 });
+      await assert.rejects(failed, AttemptSenderError, 'the batch that killed the thread rejects');
+      // The batch sent just before may have been answered before the thread died, or not.
+      const earlier = await held.then(() => 'answered', (error: unknown) => (error instanceof AttemptSenderError ? 'rejected' : 'other'));
+      assert.ok(earlier === 'answered' || earlier === 'rejected', 'a batch held by the failed thread is answered or rejects with the sender\'s error');
+      const after = await sender.send([request(3)], { allowPrivate: true, concurrency: 1 });
+      assert.equal(after[0]!.result.succeeded, true, 'the next batch is sent by a new thread');
+    } finally {
+      await sender.close();
+    }
+  });
+}
+
+test('a thread that never answers counts as stuck after its batch\'s time, and is replaced', async () => {
+  receiver.reply = () => ({ status: 200 });
+  const sender = failingSender(1_500);
+  try {
+    const startedMs = performance.now();
+    await assert.rejects(sender.send([failure('silent')], { allowPrivate: true, concurrency: 1 }),
+      (error: unknown) => error instanceof AttemptSenderError && /did not answer within 1500 ms/.test(error.message), 'the silent batch rejects');
+    assert.ok(performance.now() - startedMs >= 1_490, 'not before its time');
+    const after = await sender.send([request(4)], { allowPrivate: true, concurrency: 1 });
+    assert.equal(after[0]!.result.succeeded, true, 'the next batch is sent by a new thread');
+  } finally {
+    await sender.close();
+  }
+});
+
+test('a thread with a batch in flight keeps the process alive; an idle one lets it end', async () => {
+  receiver.received.length = 0;
+  receiver.reply = () => ({ status: 200, delayMs: 300 });
+  // A process that sends one batch and awaits nothing: only the thread can keep it alive until
+  // the answer comes, and only an idle thread let go lets it end without close().
+  const script = `
+    import { OffsetClock } from ${JSON.stringify(new URL('../clock/clock.ts', import.meta.url).href)};
+    import { AttemptSender } from ${JSON.stringify(new URL('./sender.ts', import.meta.url).href)};
+    const request = ${JSON.stringify(request(5))};
+    new AttemptSender(new OffsetClock()).send([request], { allowPrivate: true, concurrency: 1 })
+      .then(([sent]) => console.log('answered', sent.result.statusCode));`;
+  const dir = mkdtempSync(join(tmpdir(), 'av-sender-'));
+  writeFileSync(join(dir, 'send-one.mjs'), script);
+  const child = spawn(process.execPath, ['--import', 'tsx', join(dir, 'send-one.mjs')], { stdio: ['ignore', 'pipe', 'inherit'] });
+  let output = '';
+  child.stdout.on('data', (chunk: Buffer) => { output += chunk.toString(); });
+  const killer = setTimeout(() => child.kill('SIGKILL'), 20_000);
+  const [code] = await once(child, 'exit') as [number | null];
+  clearTimeout(killer);
+  rmSync(dir, { recursive: true, force: true });
+  assert.equal(output.trim(), 'answered 200', 'the process lived until the answer came');
+  assert.equal(code, 0, 'then it ended by itself, its thread idle');
+  assert.equal(receiver.received.length, 1, 'the request was made');
+});
+
+test('a batch that cannot be handed to the thread rejects, and leaves nothing pending', async () => {
+  receiver.reply = () => ({ status: 200 });
+  const sender = new AttemptSender(new OffsetClock());
+  try {
+    const unclonable = { ...request(6), signing: { secret: SECRET, previousSecret: (() => null) as unknown as null } };
+    await assert.rejects(sender.send([unclonable], { allowPrivate: true, concurrency: 1 }), AttemptSenderError, 'it rejects');
+    const after = await sender.send([request(7)], { allowPrivate: true, concurrency: 1 });
+    assert.equal(after[0]!.result.succeeded, true, 'the same thread goes on sending');
+  } finally {
+    await sender.close();
+  }
 });
