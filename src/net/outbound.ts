@@ -10,6 +10,7 @@
  * client (a third of node:http's CPU per call: docs/webhooks.md "The sending thread").
  */
 import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
+import { EventEmitter } from 'node:events';
 import type { IncomingHttpHeaders } from 'node:http';
 import { BlockList, isIP, type LookupFunction } from 'node:net';
 import { Pool, type Dispatcher } from 'undici';
@@ -339,12 +340,17 @@ async function sendOnce(
   target: URL, host: string, addresses: readonly LookupAddress[], options: OutboundRequest, remainingMs: number, startedMs: number,
 ): Promise<OutboundResponse> {
   const headers: Record<string, string> = { ...options.headers };
-  if (options.body !== undefined && !Object.keys(headers).some((name) => name.toLowerCase() === 'content-length')) {
+  if (options.body !== undefined && headers['content-length'] === undefined && headers['Content-Length'] === undefined) {
     headers['content-length'] = String(Buffer.byteLength(options.body));
   }
-  const deadline = new AbortController();
-  const timer = setTimeout(() => deadline.abort(), remainingMs);
-  const timeout = () => new OutboundError('timeout', `no complete answer within ${options.timeoutMs} ms`);
+  // undici takes an EventEmitter as the abort signal: the deadline without an AbortController
+  // per call, which cost a webhook attempt ~5 µs of its ~50.
+  const deadline = new EventEmitter();
+  let timedOut = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    deadline.emit('abort');
+  }, remainingMs);
   let answer: Dispatcher.ResponseData;
   try {
     answer = await poolFor(target, host, addresses).request({
@@ -352,40 +358,51 @@ async function sendOnce(
       method: (options.method ?? 'GET') as Dispatcher.HttpMethod,
       headers,
       body: options.body,
-      signal: deadline.signal,
+      signal: deadline,
     });
   } catch (error) {
     clearTimeout(timer);
-    if (deadline.signal.aborted) throw timeout();
+    if (timedOut) throw timeoutError(options.timeoutMs);
     const { code, socket } = error as { code?: string; socket?: { bytesRead?: number } };
     const failure = new OutboundError('network', `the request failed (${code ?? 'connection error'})`);
     // Closed under the request, on a connection that had carried an earlier answer: a stale one.
     const stale = code === 'UND_ERR_SOCKET' && (socket?.bytesRead ?? 0) > 0;
     throw stale ? new StaleConnectionError(failure) : failure;
   }
-  const { statusCode, headers: responseHeaders, body } = answer;
+  return readAnswer(answer, options.maxBytes, timer, () => timedOut, options.timeoutMs, startedMs);
+}
+
+function timeoutError(timeoutMs: number): OutboundError {
+  return new OutboundError('timeout', `no complete answer within ${timeoutMs} ms`);
+}
+
+/** Reads an answer's body up to `maxBytes`, then ends the call's deadline `timer`. */
+function readAnswer(
+  answer: Dispatcher.ResponseData, maxBytes: number, timer: NodeJS.Timeout, timedOut: () => boolean, timeoutMs: number, startedMs: number,
+): Promise<OutboundResponse> {
+  const { statusCode, headers, body } = answer;
   return new Promise<OutboundResponse>((resolve, reject) => {
     const fail = (error: OutboundError): void => {
       clearTimeout(timer);
       body.destroy();
       reject(error);
     };
-    body.on('error', () => fail(deadline.signal.aborted ? timeout() : new OutboundError('network', 'the connection broke while reading the response')));
-    const declared = Number(responseHeaders['content-length']);
-    if (Number.isFinite(declared) && declared > options.maxBytes) {
-      fail(new OutboundError('too_large', `the response body (${declared} bytes) is larger than ${options.maxBytes} bytes`));
+    body.on('error', () => fail(timedOut() ? timeoutError(timeoutMs) : new OutboundError('network', 'the connection broke while reading the response')));
+    const declared = Number(headers['content-length']);
+    if (Number.isFinite(declared) && declared > maxBytes) {
+      fail(new OutboundError('too_large', `the response body (${declared} bytes) is larger than ${maxBytes} bytes`));
       return;
     }
     const chunks: Buffer[] = [];
     let size = 0;
     body.on('data', (chunk: Buffer) => {
       size += chunk.length;
-      if (size > options.maxBytes) fail(new OutboundError('too_large', `the response body is larger than ${options.maxBytes} bytes`));
+      if (size > maxBytes) fail(new OutboundError('too_large', `the response body is larger than ${maxBytes} bytes`));
       else chunks.push(chunk);
     });
     body.on('end', () => {
       clearTimeout(timer);
-      resolve({ status: statusCode, headers: responseHeaders, body: Buffer.concat(chunks, size), latencyMs: Math.round(performance.now() - startedMs) });
+      resolve({ status: statusCode, headers, body: Buffer.concat(chunks, size), latencyMs: Math.round(performance.now() - startedMs) });
     });
   });
 }
