@@ -285,10 +285,11 @@ const pools = new Map<string, Pool>();
  * check), never the address connected to.
  */
 function poolFor(target: URL, host: string, addresses: readonly LookupAddress[]): Pool {
-  const key = `${target.origin} ${addresses.map((entry) => entry.address).sort().join(',')}`;
+  const key = addresses.length === 1 ? `${target.origin} ${addresses[0]!.address}`
+    : `${target.origin} ${addresses.map((entry) => entry.address).sort().join(',')}`;
   let pool = pools.get(key);
   if (pool) {
-    pools.delete(key); // re-inserted below: the map's order is the recency order
+    if (pools.size > 1) pools.delete(key); // re-inserted below: the map's order is the recency order
   } else {
     pool = new Pool(target.origin, {
       connections: POOL_SOCKETS_PER_DESTINATION,
