@@ -2,7 +2,8 @@
  * Every outbound HTTP call of the service goes through here (DESIGN §8): only http(s), never to
  * loopback, private, link-local, CGNAT or otherwise non-public addresses unless the operator
  * allowed private targets (AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS), checked on the URL at creation
- * and again on every address DNS gives at call time. The connection then goes to a vetted
+ * and again on every address DNS gives at call time (`resolveGuarded`, once for a run of calls to
+ * one URL, such as a batch of webhook attempts). The connection then goes to a vetted
  * address only, so a name that re-resolves between the check and the connect (DNS rebinding)
  * cannot reach anything that was not checked. Redirects are returned, never followed; every
  * call has a total deadline and a body size cap. Connections are kept alive for a moment and
@@ -229,15 +230,27 @@ function pinnedLookup(addresses: readonly LookupAddress[]): LookupFunction {
 }
 
 /**
- * One HTTP request to a URL the service does not control. Never follows redirects (a 3xx is
- * returned like any status), never reaches a non-public address unless `allowPrivate`, never
- * takes longer than `timeoutMs` nor reads more than `maxBytes` of body, and only ever rejects
- * with an OutboundError.
+ * A URL checked, resolved and vetted, ready for calls (`requestGuarded`): they go to its vetted
+ * addresses only, over connections kept for exactly that set of addresses.
  */
-export async function fetchGuarded(url: string, options: OutboundRequest): Promise<OutboundResponse> {
-  if (!(options.timeoutMs > 0) || !(options.maxBytes >= 0)) throw new Error('fetchGuarded needs a positive timeoutMs and a maxBytes');
-  const startedMs = performance.now();
-  const deadlineMs = startedMs + options.timeoutMs;
+export interface GuardedTarget {
+  readonly url: URL;
+  /** without IPv6 brackets or a trailing root dot */
+  readonly host: string;
+  readonly addresses: readonly LookupAddress[];
+  /** the pool's key: scheme, host, port and every vetted address */
+  readonly key: string;
+  /** path and query, as the request line has them */
+  readonly path: string;
+}
+
+/**
+ * Checks a URL, resolves its host (within `timeoutMs`) and vets every address it resolves to,
+ * unless `allowPrivate`; rejects with an OutboundError (`bad_url`, `refused_address`, `timeout`,
+ * `network`). Calls made with the target later do not resolve the name again: a caller making
+ * several calls to one URL in a short while (a batch of webhook attempts) resolves it once.
+ */
+export async function resolveGuarded(url: string, options: { timeoutMs: number; allowPrivate: boolean }): Promise<GuardedTarget> {
   let target: URL;
   try {
     target = new URL(url);
@@ -254,9 +267,33 @@ export async function fetchGuarded(url: string, options: OutboundRequest): Promi
     throw new OutboundError('refused_address',
       `${host} ${literalFamily ? 'is' : 'resolves to'} a loopback, private, link-local, CGNAT or reserved address, which this service does not call`);
   }
-  const remainingMs = deadlineMs - performance.now();
+  const key = `${target.origin} ${addresses.length === 1 ? addresses[0]!.address : addresses.map((entry) => entry.address).sort().join(',')}`;
+  return { url: target, host, addresses, key, path: `${target.pathname}${target.search}` };
+}
+
+/** A call's options once its target is resolved. */
+export type GuardedCall = Omit<OutboundRequest, 'allowPrivate'>;
+
+/**
+ * One HTTP request to a target resolved beforehand. Never follows redirects (a 3xx is returned
+ * like any status), never takes longer than `timeoutMs` (from now) nor reads more than
+ * `maxBytes` of body, and only ever rejects with an OutboundError.
+ */
+export function requestGuarded(target: GuardedTarget, options: GuardedCall): Promise<OutboundResponse> {
+  return send(target, options, options.timeoutMs, performance.now());
+}
+
+/**
+ * One HTTP request to a URL the service does not control: `resolveGuarded`, then
+ * `requestGuarded`, with one deadline over both.
+ */
+export async function fetchGuarded(url: string, options: OutboundRequest): Promise<OutboundResponse> {
+  if (!(options.timeoutMs > 0) || !(options.maxBytes >= 0)) throw new Error('fetchGuarded needs a positive timeoutMs and a maxBytes');
+  const startedMs = performance.now();
+  const target = await resolveGuarded(url, options);
+  const remainingMs = startedMs + options.timeoutMs - performance.now();
   if (remainingMs <= 0) throw new OutboundError('timeout', `no answer within ${options.timeoutMs} ms`);
-  return send(target, host, addresses, options, remainingMs, startedMs);
+  return send(target, options, remainingMs, startedMs);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -284,14 +321,13 @@ const pools = new Map<string, Pool>();
  * call gets another pool and new connections. TLS names the host (SNI and the certificate
  * check), never the address connected to.
  */
-function poolFor(target: URL, host: string, addresses: readonly LookupAddress[]): Pool {
-  const key = addresses.length === 1 ? `${target.origin} ${addresses[0]!.address}`
-    : `${target.origin} ${addresses.map((entry) => entry.address).sort().join(',')}`;
+function poolFor(target: GuardedTarget): Pool {
+  const { key } = target;
   let pool = pools.get(key);
   if (pool) {
     if (pools.size > 1) pools.delete(key); // re-inserted below: the map's order is the recency order
   } else {
-    pool = new Pool(target.origin, {
+    pool = new Pool(target.url.origin, {
       connections: POOL_SOCKETS_PER_DESTINATION,
       pipelining: 1,
       keepAliveTimeout: POOL_IDLE_MS,
@@ -299,7 +335,10 @@ function poolFor(target: URL, host: string, addresses: readonly LookupAddress[])
       // The call's own deadline governs (fetchGuarded); these would only cut it shorter.
       headersTimeout: 0,
       bodyTimeout: 0,
-      connect: { lookup: pinnedLookup(addresses), ...(target.protocol === 'https:' && !isIP(host) ? { servername: host } : {}) },
+      connect: {
+        lookup: pinnedLookup(target.addresses),
+        ...(target.url.protocol === 'https:' && !isIP(target.host) ? { servername: target.host } : {}),
+      },
     });
     if (pools.size >= POOL_DESTINATIONS_MAX) {
       const [oldestKey, oldest] = pools.entries().next().value!;
@@ -316,15 +355,13 @@ function poolFor(target: URL, host: string, addresses: readonly LookupAddress[])
  * reused (it closes under the request before any answer), once more. The receiver may then see
  * the request twice, which at-least-once delivery allows.
  */
-async function send(
-  target: URL, host: string, addresses: readonly LookupAddress[], options: OutboundRequest, remainingMs: number, startedMs: number,
-): Promise<OutboundResponse> {
+async function send(target: GuardedTarget, options: GuardedCall, remainingMs: number, startedMs: number): Promise<OutboundResponse> {
   try {
-    return await sendOnce(target, host, addresses, options, remainingMs, startedMs);
+    return await sendOnce(target, options, remainingMs, startedMs);
   } catch (error) {
     const retryMs = startedMs + options.timeoutMs - performance.now();
     if (!(error instanceof StaleConnectionError) || retryMs <= 0) throw error instanceof StaleConnectionError ? error.failure : error;
-    return sendOnce(target, host, addresses, options, retryMs, startedMs).catch((again: unknown) => {
+    return sendOnce(target, options, retryMs, startedMs).catch((again: unknown) => {
       throw again instanceof StaleConnectionError ? again.failure : again;
     });
   }
@@ -337,9 +374,7 @@ class StaleConnectionError extends Error {
   }
 }
 
-async function sendOnce(
-  target: URL, host: string, addresses: readonly LookupAddress[], options: OutboundRequest, remainingMs: number, startedMs: number,
-): Promise<OutboundResponse> {
+async function sendOnce(target: GuardedTarget, options: GuardedCall, remainingMs: number, startedMs: number): Promise<OutboundResponse> {
   const headers: Record<string, string> = { ...options.headers };
   if (options.body !== undefined && headers['content-length'] === undefined && headers['Content-Length'] === undefined) {
     headers['content-length'] = String(Buffer.byteLength(options.body));
@@ -354,8 +389,8 @@ async function sendOnce(
   }, remainingMs);
   let answer: Dispatcher.ResponseData;
   try {
-    answer = await poolFor(target, host, addresses).request({
-      path: `${target.pathname}${target.search}`,
+    answer = await poolFor(target).request({
+      path: target.path,
       method: (options.method ?? 'GET') as Dispatcher.HttpMethod,
       headers,
       body: options.body,

@@ -5,7 +5,7 @@
  */
 import { createHmac } from 'node:crypto';
 import type { Clock } from '../clock/clock.ts';
-import { OutboundError, fetchGuarded } from '../net/outbound.ts';
+import { OutboundError, requestGuarded, resolveGuarded, type GuardedTarget } from '../net/outbound.ts';
 
 /** SPEC: a 2xx within 5 seconds; anything else is a failed attempt. */
 export const DELIVERY_TIMEOUT_MS = 5_000;
@@ -70,20 +70,23 @@ function excerptOf(body: Buffer): string | null {
   return body.subarray(0, RESPONSE_EXCERPT_CHARS * 4).toString('utf8').replace(/\u0000/g, '').slice(0, RESPONSE_EXCERPT_CHARS);
 }
 
-/** Makes one attempt; never throws (every way it can go wrong is a failed attempt with a reason). */
-export async function sendAttempt(request: AttemptRequest, options: { allowPrivate: boolean }): Promise<AttemptResult> {
+/**
+ * Makes one attempt to a target resolved for it (`resolveGuarded`: the URL checked, its name
+ * resolved and every address vetted); never throws: every way it can go wrong, a target that
+ * could not be resolved included, is a failed attempt with a reason.
+ */
+export async function sendAttempt(request: AttemptRequest, target: Promise<GuardedTarget>): Promise<AttemptResult> {
   if (request.body === null) {
     return { succeeded: false, statusCode: null, latencyMs: 0, error: 'The event is no longer stored (past its retention).', responseExcerpt: null };
   }
   const startedMs = performance.now();
   try {
-    const response = await fetchGuarded(request.url, {
+    const response = await requestGuarded(await target, {
       method: 'POST',
       headers: deliveryHeaders(request.body, request.signing, { eventId: request.eventId, deliveryId: request.deliveryId, attempt: request.attempt }),
       body: request.body,
       timeoutMs: DELIVERY_TIMEOUT_MS,
       maxBytes: RESPONSE_BYTES_MAX,
-      allowPrivate: options.allowPrivate,
     });
     const succeeded = response.status >= 200 && response.status < 300;
     let error: string | null = null;
@@ -105,18 +108,36 @@ export interface SendOptions {
   concurrency: number;
 }
 
-/** Makes every attempt, at most `concurrency` at a time; the outcomes in the requests' order. */
+/**
+ * Makes every attempt, at most `concurrency` at a time; the outcomes in the requests' order. A
+ * URL is checked, resolved and vetted once per batch (a batch's attempts are made within
+ * seconds of one another; a stream batch's all go to one webhook), not once per attempt.
+ */
 export async function sendAttempts(requests: readonly AttemptRequest[], options: SendOptions, clock: Clock): Promise<SentAttempt[]> {
+  const targets = new Map<string, Promise<GuardedTarget>>();
+  const targetOf = (url: string): Promise<GuardedTarget> => {
+    let target = targets.get(url);
+    if (!target) {
+      target = resolveGuarded(url, { timeoutMs: DELIVERY_TIMEOUT_MS, allowPrivate: options.allowPrivate });
+      target.catch(() => {}); // each attempt awaiting it reports the failure
+      targets.set(url, target);
+    }
+    return target;
+  };
   const sent: SentAttempt[] = new Array(requests.length);
   let next = 0;
   const sender = async (): Promise<void> => {
     while (next < requests.length) {
       const index = next++;
+      const request = requests[index]!;
       const attemptedAt = new Date(clock.nowMs());
-      const result = await sendAttempt(requests[index]!, options);
+      const result = await sendAttempt(request, request.body === null ? NOT_NEEDED : targetOf(request.url));
       sent[index] = { attemptedAt, finishedAt: new Date(clock.nowMs()), result };
     }
   };
   await Promise.all(Array.from({ length: Math.min(Math.max(1, options.concurrency), requests.length) }, sender));
   return sent;
 }
+
+/** The target of an attempt that makes no request. */
+const NOT_NEEDED: Promise<GuardedTarget> = new Promise(() => {});

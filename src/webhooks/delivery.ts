@@ -361,7 +361,8 @@ export async function claimStream(db: Database, nowMs: number, limit: number): P
        RETURNING w.id, w.status, w.events, w.url, w.signing_secret, w.previous_signing_secret, w.previous_secret_expires_at,
          w.lease_xact::text AS lease_xact, w.lease_event_id, w.lease_expires_at
      )
-     SELECT l.*, b.id AS event_id, b.type AS event_type, b.created_at AS event_created_at, b.payload
+     SELECT l.id, l.status, l.url, l.signing_secret, l.previous_signing_secret, l.previous_secret_expires_at, l.lease_xact,
+       l.lease_event_id, l.lease_expires_at, b.id AS event_id, b.type AS event_type, b.created_at AS event_created_at, b.payload
      FROM leased l LEFT JOIN batch b ON '*' = ANY (l.events) OR b.type = ANY (l.events)
      ORDER BY b.xact, b.id`,
     [new Date(nowMs + STREAM_LEASE_MS)]);

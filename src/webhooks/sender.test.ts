@@ -79,6 +79,23 @@ test('the sender keeps at most `concurrency` attempts in flight and applies the 
   }
 });
 
+test('a batch\'s URL is resolved and vetted once for all its attempts: a refused name fails every one of them, sending nothing', async () => {
+  receiver.received.length = 0;
+  const sender = new AttemptSender(new OffsetClock());
+  try {
+    const byName = (n: number): AttemptRequest => ({ ...request(n), url: receiver.url(`/hook/${n}`).replace('127.0.0.1', 'localhost') });
+    const sent = await sender.send([byName(1), byName(2), byName(3)], { allowPrivate: false, concurrency: 2 });
+    assert.deepEqual(sent.map((s) => s.result.error), Array(3).fill(
+      'localhost resolves to a loopback, private, link-local, CGNAT or reserved address, which this service does not call.'),
+    'each attempt fails with the guard\'s reason');
+    assert.equal(receiver.received.length, 0, 'nothing reached the receiver');
+    const allowed = await sender.send([byName(4), byName(5)], { allowPrivate: true, concurrency: 2 });
+    assert.ok(allowed.every((s) => s.result.succeeded), 'allowed, the name is reached');
+  } finally {
+    await sender.close();
+  }
+});
+
 test('a closed sender refuses new batches', async () => {
   const sender = new AttemptSender(new OffsetClock());
   await sender.send([request(1)], { allowPrivate: true, concurrency: 1 });
