@@ -19,7 +19,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { openDatabase } from '../db/database.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
-import { claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, FINAL_ATTEMPT_LEASE_MS } from './delivery.ts';
+import { claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS } from './delivery.ts';
 import { AttemptSender } from './sender.ts';
 import { startReceiver, type ReceivedRequest, type Receiver } from './testing.ts';
 
@@ -280,6 +280,22 @@ describe('webhook deliveries', () => {
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
+  test('a finished delivery older than the delivery log\'s 30 days is deleted with its attempts', async () => {
+    const { key, webhookId } = await setUp('/old-log', ['policy.created']);
+    const event = await newPolicyEvent(key, 'Old log');
+    await t.service.jobs.runOnce();
+    const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.equal(delivery!.status, 'delivered');
+    await advance(30 * 24 * 3600 + 60);
+    const { deleted } = await expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs());
+    assert.ok(deleted >= 1, 'finished deliveries were deleted');
+    assert.deepEqual(await deliveries(key, webhookId, `&eventId=${event}`), [], 'gone from the log');
+    const [attempts] = await t.service.ctx.db.query<{ n: number }>(
+      'SELECT count(*)::int AS n FROM webhook_attempts WHERE delivery_id = $1', [delivery!.delivery_id]);
+    assert.equal(attempts!.n, 0, 'its attempt went with it');
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+  });
+
   test('a redirect is a failed attempt and is not followed', async () => {
     const { key, webhookId } = await setUp('/redirect', ['policy.created']);
     receiver.reply = (request) => (request.path === '/redirect'
@@ -367,6 +383,34 @@ describe('webhook deliveries', () => {
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('deleting a webhook deletes its whole delivery log: deliveries and attempts, delivered, pending and pings', async () => {
+    const { key, webhookId } = await setUp('/deleted', ['policy.created']);
+    try {
+      await newPolicyEvent(key, 'Deleted, delivered');
+      await t.service.jobs.runOnce();
+      receiver.reply = () => ({ status: 500 });
+      await newPolicyEvent(key, 'Deleted, failing');
+      await t.service.jobs.runOnce();
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      assert.equal((await t.request('POST', `/v1/webhooks/${webhookId}/test`, { key })).status, 200);
+      const logged = await deliveries(key, webhookId);
+      assert.deepEqual(logged.map((d) => d.status).sort(), ['delivered', 'delivered', 'pending'], 'a delivered event, a ping, a pending retry');
+      const ids = logged.map((d) => d.delivery_id);
+      const count = async (sql: string) => (await t.service.ctx.db.query<{ n: number }>(sql, [webhookId, ids]))[0]!.n;
+      assert.equal(await count('SELECT count(*)::int AS n FROM webhook_attempts WHERE delivery_id = ANY($2::text[]) AND $1::text IS NOT NULL'), 3);
+
+      assert.equal((await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key })).status, 200);
+      assert.equal(await count('SELECT count(*)::int AS n FROM webhook_deliveries WHERE webhook_id = $1 OR id = ANY($2::text[])'), 0,
+        'no delivery left');
+      assert.equal(await count('SELECT count(*)::int AS n FROM webhook_attempts WHERE delivery_id = ANY($2::text[]) AND $1::text IS NOT NULL'), 0,
+        'no attempt left');
+      assert.equal((await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key })).status, 404, 'gone');
+      assert.equal((await t.request('POST', `/v1/webhooks/${webhookId}/test`, { key })).status, 404, 'no ping to a deleted webhook');
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
     }
   });
 

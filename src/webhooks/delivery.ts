@@ -548,10 +548,17 @@ export async function expireDeliveryLog(db: Database, nowMs: number): Promise<{ 
      WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('pending', 'paused') AND created_at < $1 LIMIT ${RETENTION_BATCH})
        AND status IN ('pending', 'paused')
      RETURNING id`, [cutoff, now]);
+  // A finished delivery gets no new attempt, so its attempts can go in the same statement
+  // (the log has no foreign keys: migration 0016).
   const deleted = await db.query(
-    `DELETE FROM webhook_deliveries
-     WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed') AND updated_at < $1 LIMIT ${RETENTION_BATCH})
-     RETURNING id`, [cutoff]);
+    `WITH gone AS (
+       DELETE FROM webhook_deliveries
+       WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed') AND updated_at < $1 LIMIT ${RETENTION_BATCH})
+       RETURNING id
+     ), attempts AS (
+       DELETE FROM webhook_attempts WHERE delivery_id IN (SELECT id FROM gone)
+     )
+     SELECT id FROM gone`, [cutoff]);
   return { expired: expired.length, deleted: deleted.length };
 }
 
@@ -635,7 +642,7 @@ export async function sendTestPing(ctx: AppContext, orgId: string, webhookId: st
     const inserted = await tx.query(
       `INSERT INTO webhook_deliveries
          (id, org_id, webhook_id, event_id, event_type, event_created_at, status, attempts, next_attempt_at, created_at, updated_at)
-       SELECT $1, org_id, id, $3, 'ping', $4, 'pending', 1, NULL, $4, $4 FROM webhooks WHERE org_id = $5 AND id = $2
+       SELECT $1, org_id, id, $3, 'ping', $4, 'pending', 1, NULL, $4, $4 FROM webhooks WHERE org_id = $5 AND id = $2 FOR KEY SHARE
        RETURNING id`, [deliveryId, webhookId, eventId, now, orgId]);
     if (!inserted.length) throw webhookNotFound(webhookId);
     await tx.query('INSERT INTO webhook_attempts (delivery_id, attempt, attempted_at) VALUES ($1, 1, $2)', [deliveryId, now]);

@@ -221,10 +221,23 @@ async function resumePausedDeliveries(tx: Queryable, webhookId: string, now: Dat
      WHERE webhook_id = $1 AND status = 'paused'`, [webhookId, now]);
 }
 
-/** Deletes the webhook with its delivery log; an attempt in flight finishes unrecorded. */
-export async function deleteWebhook(q: Queryable, orgId: string, webhookId: string): Promise<void> {
-  const rows = await q.query('DELETE FROM webhooks WHERE org_id = $1 AND id = $2 RETURNING id', [orgId, webhookId]);
-  if (!rows.length) throw webhookNotFound(webhookId);
+/**
+ * Deletes the webhook with its delivery log; an attempt in flight finishes unrecorded. The log
+ * has no foreign keys (migration 0016), so this is their cascade, in an order that leaves
+ * nothing behind: the webhook's row is locked first (a batch being recorded for it finishes
+ * first, and none starts after), then its deliveries' rows (an attempt being claimed on one
+ * finishes first, and none starts after); the statements after those see every attempt.
+ */
+export async function deleteWebhook(db: Database, orgId: string, webhookId: string): Promise<void> {
+  await db.transaction(async (tx) => {
+    const found = await tx.query('SELECT id FROM webhooks WHERE org_id = $1 AND id = $2 FOR UPDATE', [orgId, webhookId]);
+    if (!found.length) throw webhookNotFound(webhookId);
+    await tx.query('SELECT count(*) FROM (SELECT id FROM webhook_deliveries WHERE webhook_id = $1 FOR UPDATE) locked', [webhookId]);
+    await tx.query(
+      'DELETE FROM webhook_attempts a USING webhook_deliveries d WHERE d.webhook_id = $1 AND a.delivery_id = d.id', [webhookId]);
+    await tx.query('DELETE FROM webhook_deliveries WHERE webhook_id = $1', [webhookId]);
+    await tx.query('DELETE FROM webhooks WHERE id = $1', [webhookId]);
+  });
 }
 
 /**
