@@ -401,7 +401,10 @@ async function sendOnce(target: GuardedTarget, options: GuardedCall, remainingMs
     if (timedOut) throw timeoutError(options.timeoutMs);
     const { code, socket } = error as { code?: string; socket?: { bytesRead?: number } };
     const failure = new OutboundError('network', `the request failed (${code ?? 'connection error'})`);
-    // Closed under the request, on a connection that had carried an earlier answer: a stale one.
+    // Closed by the server under the request, on a connection that had already read bytes: most
+    // often a kept-alive one it closed just before reuse (undici's bytesRead is cumulative, so a
+    // fresh connection that sent part of an answer and closed is sent again too, which
+    // at-least-once allows; a reset, ECONNRESET, is not retried).
     const stale = code === 'UND_ERR_SOCKET' && (socket?.bytesRead ?? 0) > 0;
     throw stale ? new StaleConnectionError(failure) : failure;
   }

@@ -228,16 +228,20 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
 }
 
 /**
- * Records attempts that succeeded, in one statement: each attempt gets its outcome, and each
- * delivery still open (pending or paused) becomes delivered — what `recordAttempt` does for one
- * success. It touches only attempts its claimer holds and their deliveries, so it cannot meet
- * another transaction locking them in the other order.
+ * Records attempts that succeeded: each attempt gets its outcome, and each delivery still open
+ * (pending or paused) becomes delivered — what `recordAttempt` does for one success. The
+ * deliveries' rows are locked first, in id order, as `deleteWebhook` locks them before their
+ * attempts: the statement alone would lock the attempts first (an unreferenced WITH step runs
+ * last) and could deadlock with a webhook being deleted.
  */
 export async function recordSuccesses(
   db: Database, nowMs: number, done: ReadonlyArray<{ claim: ClaimedAttempt; result: AttemptResult }>,
 ): Promise<void> {
   if (done.length === 0) return;
-  await db.query(
+  await db.transaction(async (tx) => {
+    await tx.query('SELECT id FROM webhook_deliveries WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE',
+      [done.map((d) => d.claim.deliveryId)]);
+    await tx.query(
     `WITH r AS (
        SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[]) AS r(delivery_id, attempt, status_code, latency_ms, excerpt)
      ), delivered AS (
@@ -249,6 +253,7 @@ export async function recordSuccesses(
      FROM r WHERE a.delivery_id = r.delivery_id AND a.attempt = r.attempt`,
     [done.map((d) => d.claim.deliveryId), done.map((d) => d.claim.attempt), done.map((d) => d.result.statusCode),
       done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), new Date(nowMs)]);
+  });
 }
 
 /**

@@ -28,8 +28,11 @@ export interface SenderRequest {
 export type SenderReply = { id: number; sent: SentAttempt[] } | { id: number; error: string };
 
 const MODULE = new URL('./sender-worker.ts', import.meta.url);
-/** Allowed beyond a batch's rounds of 5 s deadlines before its thread counts as stuck. */
-const STUCK_MARGIN_MS = 10_000;
+/**
+ * Allowed beyond a batch's rounds of 5 s deadlines before its thread counts as stuck: the
+ * batch's name resolution, which has a 5 s deadline of its own (attempt.ts), plus 10 s.
+ */
+const STUCK_MARGIN_MS = DELIVERY_TIMEOUT_MS + 10_000;
 
 export interface AttemptSenderOptions {
   /** the thread's module; tests give threads that fail */

@@ -232,7 +232,7 @@ export async function deleteWebhook(db: Database, orgId: string, webhookId: stri
   await db.transaction(async (tx) => {
     const found = await tx.query('SELECT id FROM webhooks WHERE org_id = $1 AND id = $2 FOR UPDATE', [orgId, webhookId]);
     if (!found.length) throw webhookNotFound(webhookId);
-    await tx.query('SELECT count(*) FROM (SELECT id FROM webhook_deliveries WHERE webhook_id = $1 FOR UPDATE) locked', [webhookId]);
+    await tx.query('SELECT count(*) FROM (SELECT id FROM webhook_deliveries WHERE webhook_id = $1 ORDER BY id FOR UPDATE) locked', [webhookId]);
     await tx.query(
       'DELETE FROM webhook_attempts a USING webhook_deliveries d WHERE d.webhook_id = $1 AND a.delivery_id = d.id', [webhookId]);
     await tx.query('DELETE FROM webhook_deliveries WHERE webhook_id = $1', [webhookId]);
