@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { createServer as createTlsServer } from 'node:tls';
 import { after, before, describe, test } from 'node:test';
 import { ServiceError } from '../errors/errors.ts';
-import { OutboundError, assertPublicUrl, fetchGuarded, isPublicAddress, type OutboundFailure } from './outbound.ts';
+import { OutboundError, assertPublicUrl, fetchGuarded, isPublicAddress, requestGuarded, type GuardedTarget, type OutboundFailure } from './outbound.ts';
 
 describe('address classes', () => {
   // Every class the guard refuses, in IPv4, IPv6 and IPv6 forms that carry an IPv4 address.
@@ -216,6 +216,35 @@ describe('fetchGuarded against a local server', () => {
     } finally {
       once.closeAllConnections();
       await new Promise<void>((resolve) => once.close(() => resolve()));
+    }
+  });
+
+  test('a resolved target is reached at its vetted addresses only, whatever DNS would say of its name', async () => {
+    // A name no resolver knows, vetted to this server's address: the connection must go there.
+    const host = 'vetted-name.invalid';
+    const url = new URL(`http://${host}:${port}/echo`);
+    const target: GuardedTarget = {
+      url, host, addresses: [{ address: '127.0.0.1', family: 4 }], key: `${url.origin} 127.0.0.1`, path: '/echo',
+    };
+    const response = await requestGuarded(target, { timeoutMs: 5000, maxBytes: 1000 });
+    assert.equal(response.status, 201, 'answered by the vetted address');
+    assert.equal(JSON.parse(response.body.toString('utf8')).host, `${host}:${port}`, 'the request names the host, not the address');
+  });
+
+  test('a request whose fresh connection breaks before any answer is not sent again', async () => {
+    let requests = 0;
+    const breaking = createServer((request) => {
+      requests += 1;
+      request.socket.destroy();
+    });
+    await new Promise<void>((resolve) => breaking.listen(0, '127.0.0.1', resolve));
+    try {
+      const url = `http://127.0.0.1:${(breaking.address() as AddressInfo).port}/`;
+      assert.equal(await failure(fetchGuarded(url, { ...allowed, method: 'POST', body: '{}' })), 'network');
+      assert.equal(requests, 1, 'the server saw the request once');
+    } finally {
+      breaking.closeAllConnections();
+      await new Promise<void>((resolve) => breaking.close(() => resolve()));
     }
   });
 

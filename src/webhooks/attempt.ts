@@ -71,17 +71,17 @@ function excerptOf(body: Buffer): string | null {
 }
 
 /**
- * Makes one attempt to a target resolved for it (`resolveGuarded`: the URL checked, its name
- * resolved and every address vetted); never throws: every way it can go wrong, a target that
+ * Makes one attempt, to the target `target` resolves its URL to (`resolveGuarded`: the URL
+ * checked, its name resolved and every address vetted); never throws: every way it can go wrong, a target that
  * could not be resolved included, is a failed attempt with a reason.
  */
-export async function sendAttempt(request: AttemptRequest, target: Promise<GuardedTarget>): Promise<AttemptResult> {
+export async function sendAttempt(request: AttemptRequest, target: (url: string) => Promise<GuardedTarget>): Promise<AttemptResult> {
   if (request.body === null) {
     return { succeeded: false, statusCode: null, latencyMs: 0, error: 'The event is no longer stored (past its retention).', responseExcerpt: null };
   }
   const startedMs = performance.now();
   try {
-    const response = await requestGuarded(await target, {
+    const response = await requestGuarded(await target(request.url), {
       method: 'POST',
       headers: deliveryHeaders(request.body, request.signing, { eventId: request.eventId, deliveryId: request.deliveryId, attempt: request.attempt }),
       body: request.body,
@@ -131,13 +131,10 @@ export async function sendAttempts(requests: readonly AttemptRequest[], options:
       const index = next++;
       const request = requests[index]!;
       const attemptedAt = new Date(clock.nowMs());
-      const result = await sendAttempt(request, request.body === null ? NOT_NEEDED : targetOf(request.url));
+      const result = await sendAttempt(request, targetOf);
       sent[index] = { attemptedAt, finishedAt: new Date(clock.nowMs()), result };
     }
   };
   await Promise.all(Array.from({ length: Math.min(Math.max(1, options.concurrency), requests.length) }, sender));
   return sent;
 }
-
-/** The target of an attempt that makes no request. */
-const NOT_NEEDED: Promise<GuardedTarget> = new Promise(() => {});

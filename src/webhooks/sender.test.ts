@@ -79,7 +79,7 @@ test('the sender keeps at most `concurrency` attempts in flight and applies the 
   }
 });
 
-test('a batch\'s URL is resolved and vetted once for all its attempts: a refused name fails every one of them, sending nothing', async () => {
+test('a batch to a name that resolves to a refused address fails every attempt with the guard\'s reason, sending nothing', async () => {
   receiver.received.length = 0;
   const sender = new AttemptSender(new OffsetClock());
   try {
