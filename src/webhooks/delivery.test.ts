@@ -2,7 +2,8 @@
  * Webhook deliveries end to end: events made through the API reach real HTTP receivers on
  * 127.0.0.1 (AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS on), signed as docs/webhooks.md says; the retry
  * schedule on the test clock; degradation, pausing and re-enabling; redirects; a worker that
- * dies mid-attempt, and a sending thread that does; secret rotation; and, on PostgreSQL, several dispatchers on one database.
+ * dies mid-attempt, and a sending thread that does; secret rotation; and, on PostgreSQL, several dispatchers on one database
+ * and a webhook deleted while its attempts are recorded.
  *
  * Receivers record the service clock at each arrival, so the schedule is checked in business
  * time; the test clock is advanced to just before each due time (nothing may arrive) and then
@@ -19,8 +20,11 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { openDatabase } from '../db/database.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
-import { claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS } from './delivery.ts';
+import {
+  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordSuccesses,
+} from './delivery.ts';
 import { AttemptSender } from './sender.ts';
+import { deleteWebhook } from './webhooks.ts';
 import { startReceiver, type ReceivedRequest, type Receiver } from './testing.ts';
 
 /** SPEC.md: attempt 2 after 1 minute, 3 after 5 minutes, 4 after 30 minutes, 5 after 2 hours. */
@@ -603,6 +607,84 @@ describe('webhook deliveries', () => {
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await secondDb.close();
+    }
+  });
+
+  /** Resolves once `count` statements on the delivery log wait for a lock. */
+  async function waiting(db: AppContext['db'], count: number): Promise<void> {
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const [{ n }] = await db.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock' AND position('webhook_deliveries' in query) > 0`) as [{ n: number }];
+      if (n >= count) return;
+      assert.ok(Date.now() < deadline, `${count} statements never waited for a lock (${n} did)`);
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  }
+
+  /**
+   * A webhook deleted while its retries' successes are being recorded: both lock the deliveries
+   * first, in id order, so neither can hold what the other waits for. A third transaction holds
+   * the deliveries until both are queued behind it, the deletion first; once it lets go, the
+   * deletion runs, and the recording finds nothing left to record. Had the recording locked the
+   * attempts first (as its single statement once did), the two would deadlock here.
+   */
+  test('a webhook deleted while its attempts are recorded: neither deadlocks, and it goes with every delivery and attempt', async (context) => {
+    if (!process.env.DATABASE_URL) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no lock can be held beside another)');
+      return;
+    }
+    const [{ schema }] = await t.service.ctx.db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const deleting = await openDatabase({ databaseUrl: process.env.DATABASE_URL!, dataDir: null, schema });
+    const holding = await openDatabase({ databaseUrl: process.env.DATABASE_URL!, dataDir: null, schema });
+    let release = () => {};
+    const released = new Promise<void>((resolve) => { release = resolve; });
+    try {
+      const org = await t.createOrganization('Deleted while recorded');
+      const created = await t.request('POST', '/v1/webhooks', {
+        key: org.adminKey, body: { url: receiver.url('/deleted-while-recorded'), events: ['policy.created'] } });
+      assert.equal(created.status, 200, JSON.stringify(created.body));
+      const webhookId = created.body.webhook_id as string;
+      receiver.reply = () => ({ status: 500 });
+      for (let i = 0; i < 3; i += 1) {
+        assert.equal((await t.request('POST', '/v1/policies', { key: org.adminKey, body: { name: `retried ${i}` } })).status, 200);
+      }
+      await t.service.jobs.runOnce();
+      assert.equal(receiver.received.filter((r) => r.path === '/deleted-while-recorded').length, 3, 'three first attempts failed');
+      assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 61 } })).status, 200);
+      const claims = (await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 50)).filter((c) => c.webhookId === webhookId);
+      assert.equal(claims.length, 3, 'the three second attempts are claimed');
+
+      let held!: () => void;
+      const isHeld = new Promise<void>((resolve) => { held = resolve; });
+      const holder = holding.transaction(async (tx) => {
+        await tx.query('SELECT id FROM webhook_deliveries WHERE webhook_id = $1 ORDER BY id FOR UPDATE', [webhookId]);
+        held();
+        await released;
+      });
+      await isHeld;
+      const deleted = deleteWebhook(deleting, org.orgId, webhookId);
+      await waiting(holding, 1);
+      const recorded = recordSuccesses(t.service.ctx.db, t.service.ctx.clock.nowMs(), claims.map((claim) => ({
+        claim, result: { succeeded: true, statusCode: 200, latencyMs: 5, error: null, responseExcerpt: null },
+      })));
+      await waiting(holding, 2);
+      release();
+      const outcomes = await Promise.allSettled([holder, deleted, recorded]);
+      assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok', 'ok']);
+
+      const left = await t.service.ctx.db.query<{ webhooks: number; deliveries: number; attempts: number }>(
+        `SELECT (SELECT count(*)::int FROM webhooks WHERE id = $1) AS webhooks,
+                (SELECT count(*)::int FROM webhook_deliveries WHERE webhook_id = $1) AS deliveries,
+                (SELECT count(*)::int FROM webhook_attempts WHERE delivery_id = ANY($2::text[])) AS attempts`,
+        [webhookId, claims.map((c) => c.deliveryId)]);
+      assert.deepEqual(left, [{ webhooks: 0, deliveries: 0, attempts: 0 }]);
+    } finally {
+      release();
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await deleting.close();
+      await holding.close();
     }
   });
 });
