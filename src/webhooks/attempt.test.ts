@@ -1,0 +1,53 @@
+/**
+ * A batch of attempts resolves each URL's host name once: the resolver (node:dns `lookup`, which
+ * the guard calls) is counted while it answers as usual, and a batch of many attempts to two
+ * URLs on one receiver asks it once per URL; the next batch asks again.
+ */
+import assert from 'node:assert/strict';
+import dns from 'node:dns';
+import { syncBuiltinESMExports } from 'node:module';
+import { after, before, describe, mock, test } from 'node:test';
+import { ManualClock } from '../clock/clock.ts';
+import { sendAttempts, type AttemptRequest } from './attempt.ts';
+import { startReceiver, type Receiver } from './testing.ts';
+
+describe('sendAttempts', () => {
+  let receiver: Receiver;
+  const asked: string[] = [];
+  before(async () => {
+    receiver = await startReceiver();
+    receiver.secret = null;
+    receiver.reply = () => ({ status: 204 });
+    const lookup = dns.lookup;
+    mock.method(dns, 'lookup', (...args: Parameters<typeof dns.lookup>) => {
+      asked.push(String(args[0]));
+      return (lookup as (...a: unknown[]) => void)(...args);
+    });
+    // The guard imports `lookup` by name: its binding follows the module's property only once synced.
+    syncBuiltinESMExports();
+  });
+  after(async () => {
+    mock.restoreAll();
+    syncBuiltinESMExports();
+    await receiver.close();
+  });
+
+  const request = (url: string, n: number): AttemptRequest => ({
+    deliveryId: `dlv_${n}`, eventId: `evt_${n}`, attempt: 1, url, signing: { secret: 'whsec_test', previousSecret: null }, body: '{}',
+  });
+
+  test('resolves each URL\'s host name once per batch, however many attempts go to it', async () => {
+    // Two webhooks' URLs on one receiver (the second spells its name with the root's dot).
+    const urls = [receiver.url('/a', 'localhost'), receiver.url('/b', 'localhost.')];
+    const batch = Array.from({ length: 12 }, (_, n) => request(urls[n % 2]!, n));
+    const clock = new ManualClock(Date.now());
+
+    const sent = await sendAttempts(batch, { allowPrivate: true, concurrency: 4 }, clock);
+    assert.deepEqual(sent.map((s) => s.result.statusCode), batch.map(() => 204), 'every attempt reached the receiver');
+    assert.equal(receiver.received.length, 12);
+    assert.deepEqual(asked, ['localhost', 'localhost'], 'one resolution per URL for the whole batch');
+
+    await sendAttempts(batch.slice(0, 3), { allowPrivate: true, concurrency: 3 }, clock);
+    assert.equal(asked.length, 4, 'the next batch resolves its two URLs again');
+  });
+});
