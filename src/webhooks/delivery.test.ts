@@ -610,15 +610,19 @@ describe('webhook deliveries', () => {
     }
   });
 
-  /** Resolves once `count` statements on the delivery log wait for a lock. */
-  async function waiting(db: AppContext['db'], count: number): Promise<void> {
+  /** Resolves once `count` backends wait, directly or behind another waiter, for locks backend `holderPid` holds. */
+  async function queuedBehind(db: AppContext['db'], holderPid: number, count: number): Promise<void> {
     const deadline = Date.now() + 10_000;
     for (;;) {
       const [{ n }] = await db.query<{ n: number }>(
-        `SELECT count(*)::int AS n FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock' AND position('webhook_deliveries' in query) > 0`) as [{ n: number }];
+        `WITH RECURSIVE queued(pid) AS (
+           SELECT pid FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
+           UNION
+           SELECT a.pid FROM pg_stat_activity a JOIN queued q ON q.pid = ANY (pg_blocking_pids(a.pid))
+         )
+         SELECT count(*)::int AS n FROM queued`, [holderPid]) as [{ n: number }];
       if (n >= count) return;
-      assert.ok(Date.now() < deadline, `${count} statements never waited for a lock (${n} did)`);
+      assert.ok(Date.now() < deadline, `${count} transactions never queued behind the held deliveries (${n} did)`);
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
   }
@@ -656,20 +660,20 @@ describe('webhook deliveries', () => {
       const claims = (await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 50)).filter((c) => c.webhookId === webhookId);
       assert.equal(claims.length, 3, 'the three second attempts are claimed');
 
-      let held!: () => void;
-      const isHeld = new Promise<void>((resolve) => { held = resolve; });
+      let held!: (pid: number) => void;
+      const isHeld = new Promise<number>((resolve) => { held = resolve; });
       const holder = holding.transaction(async (tx) => {
         await tx.query('SELECT id FROM webhook_deliveries WHERE webhook_id = $1 ORDER BY id FOR UPDATE', [webhookId]);
-        held();
+        held((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
         await released;
       });
-      await isHeld;
+      const holderPid = await isHeld;
       const deleted = deleteWebhook(deleting, org.orgId, webhookId);
-      await waiting(holding, 1);
+      await queuedBehind(holding, holderPid, 1);
       const recorded = recordSuccesses(t.service.ctx.db, t.service.ctx.clock.nowMs(), claims.map((claim) => ({
         claim, result: { succeeded: true, statusCode: 200, latencyMs: 5, error: null, responseExcerpt: null },
       })));
-      await waiting(holding, 2);
+      await queuedBehind(holding, holderPid, 2);
       release();
       const outcomes = await Promise.allSettled([holder, deleted, recorded]);
       assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok', 'ok']);
