@@ -27,13 +27,13 @@ export interface FundedWallet {
   token_account: string;
 }
 
-/** A wallet under `policyId` holding `balance` USDC, deposited into the reserve first. */
-export async function fundedWallet(t: TestService, balance: string, policyId = 'pol_permissive'): Promise<FundedWallet> {
-  const deposit = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: balance } });
+/** A wallet under `policyId` holding `balance` USDC, deposited into the reserve first (of `key`'s organisation). */
+export async function fundedWallet(t: TestService, balance: string, policyId = 'pol_permissive', key?: string): Promise<FundedWallet> {
+  const deposit = await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount: balance } });
   assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
-  const wallet = await t.request('POST', '/v1/wallets', { body: { agentId: unique('agent'), label: 'Agent', policyId } });
+  const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: unique('agent'), label: 'Agent', policyId } });
   assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
-  const funded = await t.request('POST', `/v1/wallets/${wallet.body.wallet_id}/fund`, { body: { amount: balance } });
+  const funded = await t.request('POST', `/v1/wallets/${wallet.body.wallet_id}/fund`, { key, body: { amount: balance } });
   assert.equal(funded.status, 200, JSON.stringify(funded.body));
   return wallet.body as FundedWallet;
 }

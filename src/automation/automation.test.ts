@@ -153,6 +153,39 @@ describe('events, wallet states and automation', () => {
     assert.equal(low.length, 2, 'again after the balance was back above');
   });
 
+  test('large-transaction alerts follow each organisation\'s own threshold when their payments settle together', async () => {
+    const other = await t.createOrganization('Alerts elsewhere');
+    const setThreshold = (key: string, amount: string) => t.request('PUT', '/v1/alerts', {
+      key, body: { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: amount },
+    });
+    assert.equal((await setThreshold(t.adminKey, '5')).status, 200);
+    assert.equal((await setThreshold(other.adminKey, '1')).status, 200);
+    const ours = await fundedWallet(t, '40');
+    const theirs = await fundedWallet(t, '40', 'pol_permissive', other.adminKey);
+    const recipient = await newRecipient();
+    const payFrom = (key: string, walletId: string, amount: string) => t.request('POST', '/v1/payments', {
+      key, body: { walletId, to: recipient, amount, currency: 'USDC', waitForConfirmation: false },
+    });
+    // 3 USDC is large for the other organisation only; 6 USDC is large for both.
+    const answers = await Promise.all([
+      ...Array.from({ length: 4 }, () => payFrom(t.adminKey, ours.wallet_id, '3')),
+      ...Array.from({ length: 4 }, () => payFrom(other.adminKey, theirs.wallet_id, '3')),
+      payFrom(t.adminKey, ours.wallet_id, '6'), payFrom(other.adminKey, theirs.wallet_id, '6'),
+    ]);
+    assert.deepEqual(answers.map((a) => a.status), Array(10).fill(200), JSON.stringify(answers.map((a) => a.body)));
+    const alerts = async (key: string, walletId: string) => {
+      const confirmed = async () => (await t.request('GET', `/v1/wallets/${walletId}/transactions?status=confirmed&type=payment&limit=100`, { key })).body.data.length;
+      for (let i = 0; i < 200 && await confirmed() < 5; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+      assert.equal(await confirmed(), 5, 'all five payments confirmed');
+      return ((await t.request('GET', `/v1/events?type=alert.raised&walletId=${walletId}&limit=100`, { key })).body.data as Array<{
+        details: { alert: string; amount: string; threshold: string };
+      }>).filter((e) => e.details.alert === 'large_transaction').map((e) => `${e.details.amount} > ${e.details.threshold}`).sort();
+    };
+    assert.deepEqual(await alerts(t.adminKey, ours.wallet_id), ['6.00 > 5.00']);
+    assert.deepEqual(await alerts(other.adminKey, theirs.wallet_id), [...Array(4).fill('3.00 > 1.00'), '6.00 > 1.00'].sort());
+    await t.request('PUT', '/v1/alerts', { body: { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: null } });
+  });
+
   test('alerts: settings read back; large transaction, velocity spike, inactivity and policy violation raise alert.raised once', async () => {
     const defaults = await t.request('GET', '/v1/alerts');
     assert.deepEqual(defaults.body, {

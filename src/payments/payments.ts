@@ -13,7 +13,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Instruction } from '@solana/kit';
-import { alertLargeTransactions, alertPolicyViolation } from '../automation/automation.ts';
+import { alertPolicyViolation, largeTransactionAlerts } from '../automation/automation.ts';
 import { toAddress } from '../chain/base58.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable, Transaction } from '../db/database.ts';
@@ -641,12 +641,10 @@ function completedEventOf(row: TransactionRow): NewEvent {
 registerSettlementRule('payment', {
   // The vault's row is not touched: its balance and last_transaction_at moved when the payment was recorded.
   async confirmed(tx, nowMs, row) {
-    await recordEvent(tx, nowMs, completedEventOf(row));
-    await alertLargeTransactions(tx, nowMs, [row]);
+    await recordEvents(tx, nowMs, [completedEventOf(row), ...await largeTransactionAlerts(tx, [row])]);
   },
   async confirmedAll(tx, nowMs, rows) {
-    await recordEvents(tx, nowMs, rows.map(completedEventOf));
-    await alertLargeTransactions(tx, nowMs, rows);
+    await recordEvents(tx, nowMs, [...rows.map(completedEventOf), ...await largeTransactionAlerts(tx, rows)]);
   },
   async failed(tx, nowMs, row) {
     // The amount comes back and the spend stops counting: a payment that never happened.
