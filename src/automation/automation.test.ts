@@ -108,6 +108,43 @@ describe('events, wallet states and automation', () => {
     assert.equal(vault!.frozen, true, 'frozen on chain too');
   });
 
+  test('an expiry moved later is a new expiry, which freezes again; an expired policy takes no vault', async () => {
+    const inAnHour = () => new Date(t.service.ctx.clock.nowMs() + 3_600_000).toISOString();
+    const policyId = await newPolicy(t, { expiry: inAnHour() });
+    const a = await fundedWallet(t, '3', policyId);
+    await advance(3601);
+    await t.service.jobs.runOnce();
+    assert.equal(await statusOf(a.wallet_id), 'frozen');
+    const expiredEvents = async () => (await eventsOf('policy.expired')).filter((e) => e.details.policy_id === policyId);
+    assert.equal((await expiredEvents()).length, 1);
+
+    const refused = await t.request('POST', '/v1/wallets', { body: { agentId: `late-${process.pid}`, label: 'Late', policyId } });
+    assert.equal(refused.status, 400, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'invalid_request');
+    assert.equal(refused.body.error.param, 'policyId');
+    assert.equal((await t.request('GET', `/v1/wallets?limit=100`)).body.data.some((w: { agent_id: string }) => w.agent_id === `late-${process.pid}`),
+      false, 'no vault was created');
+    const other = await fundedWallet(t, '3');
+    const moved = await t.request('PATCH', `/v1/wallets/${other.wallet_id}`, { body: { policyId } });
+    assert.equal(moved.status, 400, JSON.stringify(moved.body));
+    assert.equal(moved.body.error.param, 'policyId');
+    assert.equal((await t.request('GET', `/v1/wallets/${other.wallet_id}`)).body.policy.policy_id, 'pol_permissive', 'left on its policy');
+
+    assert.equal((await t.request('PATCH', `/v1/policies/${policyId}`, { body: { expiry: inAnHour() } })).status, 200);
+    assert.equal((await t.request('PATCH', `/v1/wallets/${a.wallet_id}`, { body: { status: 'active' } })).status, 200);
+    assert.equal((await t.request('PATCH', `/v1/wallets/${other.wallet_id}`, { body: { policyId } })).status, 200, 'not expired now');
+    await t.service.jobs.runOnce();
+    assert.equal(await statusOf(a.wallet_id), 'active', 'not before the new expiry');
+    await advance(3601);
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    assert.equal(await statusOf(a.wallet_id), 'frozen', 'frozen again by the new expiry');
+    assert.equal(await statusOf(other.wallet_id), 'frozen');
+    const events = await expiredEvents();
+    assert.equal(events.length, 2, 'once per expiry');
+    assert.deepEqual([...(events[0]!.details.frozen_wallets as string[])].sort(), [a.wallet_id, other.wallet_id].sort());
+  });
+
   test('auto-topup funds once per crossing; a reserve too small raises balance.low instead, never a loop', async () => {
     const wallet = await fundedWallet(t, '10');
     const set = await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`, { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } });

@@ -314,7 +314,8 @@ export async function updatePolicy(
     const [{ revision }] = await tx.query<{ revision: number }>(
       `UPDATE policies SET name = $3, max_per_tx = $4, max_per_day = $5, max_per_month = $6, velocity_cap = $7,
          allowed_recipients = $8, blocked_categories = $9, require_co_sign = $10, expiry = $11, updated_at = $12,
-         chain_status = 'pending', revision = revision + 1, chain_claimed_until = $13
+         chain_status = 'pending', revision = revision + 1, chain_claimed_until = $13,
+         expired_at = CASE WHEN expiry IS DISTINCT FROM $11 THEN NULL ELSE expired_at END
        WHERE org_id = $1 AND id = $2 RETURNING revision`,
       [actor.orgId, policyId, after.name, after.maxPerTx, after.maxPerDay, after.maxPerMonth, after.velocityCap,
         JSON.stringify(after.allowedRecipients), JSON.stringify(after.blockedCategories), after.requireCoSign, after.expiry,

@@ -11,7 +11,7 @@
 import { Type } from 'typebox';
 import { address } from '@solana/kit';
 import type { Queryable } from '../db/database.ts';
-import { ServiceError } from '../errors/errors.ts';
+import { invalidRequest, ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
@@ -204,13 +204,20 @@ export function archivedError(wallet: Pick<WalletRow, 'id'>): ServiceError {
 }
 
 /**
- * The policy exists, and stays so until the caller's transaction ends: the share lock makes a
- * concurrent delete wait, then see the wallet attached (policy_in_use).
+ * The policy exists and has not expired, and stays so until the caller's transaction ends: the
+ * share lock makes a concurrent delete wait, then see the wallet attached (policy_in_use). A vault
+ * attached to an expired policy could pay nothing and would never be frozen by the expiry (that
+ * has passed), so it is refused: extend the policy's expiry, or attach another.
  */
-async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string): Promise<void> {
-  const rows = await q.query('SELECT 1 FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR SHARE', [orgId, policyId]);
+async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string, nowMs: number): Promise<void> {
+  const rows = await q.query<{ expiry: Date | null }>(
+    'SELECT expiry FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR SHARE', [orgId, policyId]);
   if (!rows.length) {
     throw new ServiceError('policy_not_found', `No policy ${policyId} in your organisation.`, { param: 'policy_id' });
+  }
+  const { expiry } = rows[0]!;
+  if (expiry && expiry.getTime() <= nowMs) {
+    throw invalidRequest('policyId', `Policy ${policyId} expired at ${expiry.toISOString()}: extend its expiry, or attach another policy.`);
   }
 }
 
@@ -245,7 +252,7 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
   const tags = normaliseTags(input.tags);
   const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, input.agentId);
   const walletId = await ctx.db.transaction(async (tx) => {
-    await assertPolicyUsable(tx, orgId, input.policyId);
+    await assertPolicyUsable(tx, orgId, input.policyId, nowMs);
     const inserted = await tx.query<{ id: string }>(
       `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, created_at, updated_at)
        VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9, $9) ON CONFLICT (org_id, agent_id) DO NOTHING RETURNING id`,
@@ -370,7 +377,7 @@ export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, in
   const chainChanged = await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
-    if (input.policyId !== undefined && input.policyId !== wallet.policy_id) await assertPolicyUsable(tx, orgId, input.policyId);
+    if (input.policyId !== undefined && input.policyId !== wallet.policy_id) await assertPolicyUsable(tx, orgId, input.policyId, nowMs);
     const next = {
       label: input.label ?? wallet.label,
       policyId: input.policyId ?? wallet.policy_id,
