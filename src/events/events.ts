@@ -2,6 +2,7 @@
  * The transactional outbox: every state change writes its event row in the same database
  * transaction as the change. The activity feed and webhook deliveries read from here.
  */
+import { inBatches } from '../db/batches.ts';
 import type { Queryable } from '../db/database.ts';
 import { Params } from '../db/params.ts';
 import { newId } from '../ids/ids.ts';
@@ -18,13 +19,17 @@ export type EventType = (typeof EVENT_TYPES)[number];
 /** Events are kept this long (SPEC: 90 days), then the `events.retention` job deletes them. */
 export const EVENT_RETENTION_MS = 90 * 24 * 3600 * 1000;
 const RETENTION_BATCH = 5_000;
+const RETENTION_RUN_MS = 20_000;
 
-/** Deletes a bounded batch of events older than the retention; returns how many. */
-export async function deleteExpiredEvents(q: Queryable, nowMs: number): Promise<number> {
-  const rows = await q.query(
-    `DELETE FROM events WHERE id IN (SELECT id FROM events WHERE created_at < $1 LIMIT ${RETENTION_BATCH}) RETURNING id`,
-    [new Date(nowMs - EVENT_RETENTION_MS)]);
-  return rows.length;
+/**
+ * Deletes the events older than the retention, 5,000 per statement, until none is left or the
+ * run has taken 20 s (src/db/batches.ts). Returns how many went.
+ */
+export async function deleteExpiredEvents(q: Queryable, nowMs: number, options: { batch?: number } = {}): Promise<number> {
+  return inBatches(async (batch) => (await q.query<{ n: number }>(
+    `WITH gone AS (DELETE FROM events WHERE id IN (SELECT id FROM events WHERE created_at < $1 LIMIT $2) RETURNING 1)
+     SELECT count(*)::int AS n FROM gone`,
+    [new Date(nowMs - EVENT_RETENTION_MS), batch]))[0]!.n, { batch: options.batch ?? RETENTION_BATCH, budgetMs: RETENTION_RUN_MS });
 }
 export type Severity = 'info' | 'warning' | 'critical';
 

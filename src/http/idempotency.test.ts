@@ -82,12 +82,16 @@ describe('idempotency keys', () => {
       (error: ServiceError) => error.code === 'idempotency_conflict' && /new key/.test(error.message));
   });
 
-  test('expired keys are purged and can be used again', async () => {
-    const key = newKey();
-    await runIdempotent(t.service.ctx.db, op(key, 300_000), async () => ({ status: 200, body: { first: true } }));
-    const purged = await purgeExpiredKeys(t.service.ctx.db, 300_000 + IDEMPOTENCY_TTL_MS);
-    assert.ok(purged >= 1, 'the expired key was purged');
-    const rows = await t.service.ctx.db.query('SELECT 1 FROM idempotency_keys WHERE org_id = $1 AND key = $2', [t.orgId, key]);
-    assert.equal(rows.length, 0);
+  test('expired keys are purged, batch after batch, and can be used again', async () => {
+    const keys = [newKey(), newKey(), newKey()];
+    for (const key of keys) await runIdempotent(t.service.ctx.db, op(key, 300_000), async () => ({ status: 200, body: { first: true } }));
+    const young = newKey();
+    await runIdempotent(t.service.ctx.db, op(young, 400_000), async () => ({ status: 200, body: { first: true } }));
+    const purged = await purgeExpiredKeys(t.service.ctx.db, 300_000 + IDEMPOTENCY_TTL_MS, 1);
+    assert.ok(purged >= 3, `the expired keys were purged, one per statement (${purged})`);
+    const left = async (key: string) => (await t.service.ctx.db.query(
+      'SELECT 1 FROM idempotency_keys WHERE org_id = $1 AND key = $2', [t.orgId, key])).length;
+    for (const key of keys) assert.equal(await left(key), 0, 'purged');
+    assert.equal(await left(young), 1, 'a key not yet 24 hours old stays');
   });
 });

@@ -12,6 +12,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { FastifyReply } from 'fastify';
+import { inBatches } from '../db/batches.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 
@@ -164,12 +165,18 @@ export async function runIdempotent(
   return { ...outcome, replayed: false };
 }
 
-/** The `idempotency.purge` job: keys past their 24 hours are deleted, a bounded batch per run. */
+/** A purge run stops starting statements after this long; the next run (a minute later) goes on. */
+const PURGE_RUN_MS = 10_000;
+
+/**
+ * The `idempotency.purge` job: keys past their 24 hours are deleted, `batch` per statement, until
+ * none is left or the run has taken 10 s (src/db/batches.ts).
+ */
 export async function purgeExpiredKeys(db: Database, nowMs: number, batch = 1_000): Promise<number> {
-  const rows = await db.query(
-    `DELETE FROM idempotency_keys WHERE (org_id, key) IN (
-       SELECT org_id, key FROM idempotency_keys WHERE expires_at <= $1 LIMIT ${batch}) RETURNING key`, [new Date(nowMs)]);
-  return rows.length;
+  return inBatches(async (size) => (await db.query<{ n: number }>(
+    `WITH gone AS (DELETE FROM idempotency_keys WHERE (org_id, key) IN (
+       SELECT org_id, key FROM idempotency_keys WHERE expires_at <= $1 LIMIT $2) RETURNING 1)
+     SELECT count(*)::int AS n FROM gone`, [new Date(nowMs), size]))[0]!.n, { batch, budgetMs: PURGE_RUN_MS });
 }
 
 async function finish(db: Database, orgId: string, key: string, outcome: { status: number; body: unknown }): Promise<void> {

@@ -284,16 +284,19 @@ describe('webhook deliveries', () => {
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
-  test('a finished delivery older than the delivery log\'s 30 days is deleted with its attempts', async () => {
+  test('finished deliveries older than the delivery log\'s 30 days are deleted with their attempts, batch after batch', async () => {
     const { key, webhookId } = await setUp('/old-log', ['policy.created']);
     const event = await newPolicyEvent(key, 'Old log');
+    await newPolicyEvent(key, 'Old log 2');
+    await newPolicyEvent(key, 'Old log 3');
     await t.service.jobs.runOnce();
     const [delivery] = await deliveries(key, webhookId, `&eventId=${event}`);
     assert.equal(delivery!.status, 'delivered');
+    assert.equal((await deliveries(key, webhookId)).length, 3);
     await advance(30 * 24 * 3600 + 60);
-    const { deleted } = await expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs());
-    assert.ok(deleted >= 1, 'finished deliveries were deleted');
-    assert.deepEqual(await deliveries(key, webhookId, `&eventId=${event}`), [], 'gone from the log');
+    const { deleted } = await expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs(), { batch: 1 });
+    assert.ok(deleted >= 3, `finished deliveries were deleted, one per statement (${deleted})`);
+    assert.deepEqual(await deliveries(key, webhookId), [], 'all gone from the log');
     const [attempts] = await t.service.ctx.db.query<{ n: number }>(
       'SELECT count(*)::int AS n FROM webhook_attempts WHERE delivery_id = $1', [delivery!.delivery_id]);
     assert.equal(attempts!.n, 0, 'its attempt went with it');

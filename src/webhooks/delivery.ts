@@ -21,6 +21,7 @@
  * pending deliveries until an operator re-enables it.
  */
 import { Type } from 'typebox';
+import { inBatches } from '../db/batches.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
@@ -52,6 +53,8 @@ const LOG_ATTEMPTS_SHOWN_MAX = 25;
 const RETENTION_BATCH = 1_000;
 /** How often one process looks for deliveries past the retention. */
 const RETENTION_INTERVAL_MS = 60_000;
+/** A retention run of the delivery log stops starting statements after this long (each of its two parts). */
+const RETENTION_RUN_MS = 2_000;
 const LOST_ATTEMPT_ERROR = 'No outcome was recorded: the worker making this attempt stopped. It may have reached the endpoint.';
 
 // ---------------------------------------------------------------------------------------------
@@ -543,28 +546,34 @@ export async function recoverLapsedStreams(db: Database, nowMs: number): Promise
 
 /**
  * The delivery log keeps 30 days: an undelivered delivery older than that is given up
- * (`failed`, `expired`), a finished one older than that is deleted with its attempts.
+ * (`failed`, `expired`), a finished one older than that is deleted with its attempts; each
+ * `batch` per statement until none is left or RETENTION_RUN_MS has passed (src/db/batches.ts).
  */
-export async function expireDeliveryLog(db: Database, nowMs: number): Promise<{ expired: number; deleted: number }> {
+export async function expireDeliveryLog(
+  db: Database, nowMs: number, options: { batch?: number } = {},
+): Promise<{ expired: number; deleted: number }> {
   const cutoff = new Date(nowMs - DELIVERY_LOG_RETENTION_MS);
   const now = new Date(nowMs);
-  const expired = await db.query(
-    `UPDATE webhook_deliveries SET status = 'failed', failure_reason = 'expired', next_attempt_at = NULL, updated_at = $2
-     WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('pending', 'paused') AND created_at < $1 LIMIT ${RETENTION_BATCH})
-       AND status IN ('pending', 'paused')
-     RETURNING id`, [cutoff, now]);
+  const budget = { batch: options.batch ?? RETENTION_BATCH, budgetMs: RETENTION_RUN_MS };
+  const expired = await inBatches(async (batch) => (await db.query<{ n: number }>(
+    `WITH given_up AS (
+       UPDATE webhook_deliveries SET status = 'failed', failure_reason = 'expired', next_attempt_at = NULL, updated_at = $2
+       WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('pending', 'paused') AND created_at < $1 LIMIT $3)
+         AND status IN ('pending', 'paused')
+       RETURNING 1
+     ) SELECT count(*)::int AS n FROM given_up`, [cutoff, now, batch]))[0]!.n, budget);
   // A finished delivery gets no new attempt, so its attempts can go in the same statement
   // (the log has no foreign keys: migration 0016).
-  const deleted = await db.query(
+  const deleted = await inBatches(async (batch) => (await db.query<{ n: number }>(
     `WITH gone AS (
        DELETE FROM webhook_deliveries
-       WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed') AND updated_at < $1 LIMIT ${RETENTION_BATCH})
+       WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed') AND updated_at < $1 LIMIT $2)
        RETURNING id
      ), attempts AS (
        DELETE FROM webhook_attempts WHERE delivery_id IN (SELECT id FROM gone)
      )
-     SELECT id FROM gone`, [cutoff]);
-  return { expired: expired.length, deleted: deleted.length };
+     SELECT count(*)::int AS n FROM gone`, [cutoff, batch]))[0]!.n, budget);
+  return { expired, deleted };
 }
 
 const lastRetentionRunMs = new WeakMap<Database, number>();
