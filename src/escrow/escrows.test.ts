@@ -258,6 +258,7 @@ describe('escrow', () => {
     assert.equal((await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`)).body.data.length, 0);
     const errors: Array<[Record<string, unknown>, number, string]> = [
       [{ amount: '0' }, 400, 'invalid_amount'],
+      [{ amount: 10 }, 400, 'invalid_amount'],
       [{ currency: 'EUR' }, 400, 'invalid_currency'],
       [{ toWallet: 'not an address' }, 400, 'invalid_recipient'],
       [{ toWallet: from.wallet_id }, 400, 'invalid_recipient'],

@@ -3,6 +3,7 @@
  * resolve (arbiter), read and list. docs/escrow.md has the decisions.
  */
 import { Type } from 'typebox';
+import { amountField, currencyField } from '../http/fields.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
@@ -139,8 +140,8 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       body: Type.Object({
         fromWallet: Type.String({ maxLength: 64 }),
         toWallet: Type.String({ minLength: 1, maxLength: 64, description: 'a vault id of your organisation, or the chain address of any vault or account' }),
-        amount: Type.String(),
-        currency: Type.String(),
+        amount: amountField(),
+        currency: currencyField(),
         taskDescription: Type.String({ minLength: 1, maxLength: TASK_DESCRIPTION_MAX, description: 'recorded on chain as its SHA-256' }),
         timeoutSeconds: Type.Optional(Type.Integer({ minimum: TIMEOUT_SECONDS_MIN, maximum: TIMEOUT_SECONDS_MAX, default: TIMEOUT_SECONDS_DEFAULT })),
         expectedOutputHash: Type.Optional(Type.String({ pattern: SHA256_PATTERN, description: 'an output_hash proof must equal it' })),

@@ -13,6 +13,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ERROR_CODES, ServiceError, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate } from './auth.ts';
+import { ERROR_CODE_KEYWORD } from './fields.ts';
 import type { AppContext } from './context.ts';
 import { registerDocs } from './docs.ts';
 import { registerRoutes } from './routes.ts';
@@ -42,6 +43,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
         coerceTypes: false,
         allErrors: false,
         useDefaults: true,
+        // An error names the schema that failed, so that a field may carry its own code (fields.ts).
+        verbose: true,
+        keywords: [ERROR_CODE_KEYWORD],
       },
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
@@ -122,7 +126,10 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
 /** Every failure becomes one code of the closed list; nothing internal reaches the client. */
 function toServiceError(error: FastifyError | ServiceError): ServiceError {
   if (error instanceof ServiceError) return error;
-  const fastifyError = error as FastifyError & { validation?: Array<{ instancePath: string; params: Record<string, unknown>; message?: string }>; validationContext?: string };
+  const fastifyError = error as FastifyError & {
+    validation?: Array<{ instancePath: string; params: Record<string, unknown>; message?: string; parentSchema?: Record<string, unknown> }>;
+    validationContext?: string;
+  };
   if (fastifyError.validation && fastifyError.validation.length) {
     const first = fastifyError.validation[0]!;
     const path = first.instancePath.replace(/^\//, '').replace(/\//g, '.');
@@ -132,7 +139,8 @@ function toServiceError(error: FastifyError | ServiceError): ServiceError {
     const message = extra ? `Unknown field "${param}".`
       : missing ? `Missing required field "${param}".`
         : `Invalid value for "${param}": ${first.message ?? 'not allowed'}.`;
-    return new ServiceError('invalid_request', message, { param: toSnakeCase(param) });
+    const code = first.parentSchema?.[ERROR_CODE_KEYWORD] as ErrorCode | undefined;
+    return new ServiceError(code ?? 'invalid_request', message, { param: toSnakeCase(param) });
   }
   switch (fastifyError.code) {
     case 'FST_ERR_CTP_INVALID_JSON_BODY':

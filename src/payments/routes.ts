@@ -3,6 +3,7 @@
  * co-signature decisions. Reads of a payment are the transaction view (src/transactions).
  */
 import { Type } from 'typebox';
+import { amountField, currencyField, recipientField } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
@@ -21,9 +22,9 @@ import { spendStateOf, spendWindowsAt } from './spend-state.ts';
 const CATEGORY = '^[a-z0-9_.-]{1,64}$';
 
 const PaymentFields = {
-  to: Type.String({ minLength: 1, maxLength: 253, description: 'a chain address or a domain of your recipient directory' }),
-  amount: Type.String({ description: 'decimal USDC, at most 6 decimals' }),
-  currency: Type.String({ description: 'USDC' }),
+  to: recipientField('a chain address or a domain of your recipient directory'),
+  amount: amountField(),
+  currency: currencyField(),
   memo: Type.Optional(Type.String({ maxLength: MEMO_MAX_CHARS, description: 'stored off chain; the attestation hash commits to it' })),
   category: Type.Optional(Type.String({ pattern: CATEGORY, description: 'used when the recipient directory has none' })),
   idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
@@ -138,7 +139,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       tags: ['Payments'], summary: 'Would this payment pass? Answers without recording anything',
       body: Type.Object({
         walletId: Type.String({ maxLength: 64 }), to: PaymentFields.to, amount: PaymentFields.amount,
-        currency: Type.Optional(Type.String()), category: PaymentFields.category,
+        currency: Type.Optional(currencyField()), category: PaymentFields.category,
       }, { additionalProperties: false }),
       response: {
         200: Type.Object({

@@ -78,7 +78,7 @@ describe('funding and withdrawal', () => {
     assert.equal(over.body.error.code, 'org_insufficient_balance');
     for (const [body, code] of [
       [{ amount: '0' }, 'invalid_amount'], [{ amount: '-5' }, 'invalid_amount'], [{ amount: '1.0000001' }, 'invalid_amount'],
-      [{ amount: '1e3' }, 'invalid_amount'], [{ amount: ' 1' }, 'invalid_amount'], [{ amount: 5 }, 'invalid_request'],
+      [{ amount: '1e3' }, 'invalid_amount'], [{ amount: ' 1' }, 'invalid_amount'], [{ amount: 5 }, 'invalid_amount'], [{ amount: '1', currency: 5 }, 'invalid_currency'],
       [{ amount: '1', currency: 'USD' }, 'invalid_currency'],
     ] as const) {
       const response = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body });

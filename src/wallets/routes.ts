@@ -3,6 +3,7 @@
  * token, auto-topup settings, and moving USDC between the reserve and vaults.
  */
 import { Type } from 'typebox';
+import { amountField, currencyField } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
@@ -263,7 +264,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       tags: ['Funding'], summary: 'Move USDC from the organisation reserve to the wallet',
       params: WalletParams,
       body: Type.Object({
-        amount: Type.String(), currency: Type.Optional(Type.String()), idempotencyKey: IdempotencyKeyField,
+        amount: amountField(), currency: Type.Optional(currencyField()), idempotencyKey: IdempotencyKeyField,
       }, { additionalProperties: false }),
       response: { 200: FundView },
     },
@@ -290,7 +291,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       tags: ['Funding'], summary: `Fund up to ${FUND_BATCH_MAX} wallets atomically (one chain transaction)`,
       body: Type.Object({
         allocations: Type.Array(Type.Object({
-          walletId: Type.String({ maxLength: 64 }), amount: Type.String(),
+          walletId: Type.String({ maxLength: 64 }), amount: amountField(),
         }, { additionalProperties: false }), { minItems: 1, maxItems: FUND_BATCH_MAX }),
         idempotencyKey: IdempotencyKeyField,
       }, { additionalProperties: false }),
@@ -336,8 +337,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       tags: ['Funding'], summary: 'Return USDC from the wallet to the organisation reserve',
       params: WalletParams,
       body: Type.Object({
-        amount: Type.String({ description: 'decimal USDC, or "all" for the whole balance' }),
-        currency: Type.Optional(Type.String()),
+        amount: amountField('decimal USDC, or "all" for the whole balance'),
+        currency: Type.Optional(currencyField()),
         idempotencyKey: IdempotencyKeyField,
       }, { additionalProperties: false }),
       response: { 200: WithdrawView },

@@ -1,0 +1,23 @@
+/**
+ * Request fields whose malformed value has a code of its own in the closed list (SPEC.md's
+ * payment rules): a JSON number, an empty string or an over-long value for `amount`, `currency`
+ * or a payment's `to` fails the schema, yet answers `invalid_amount`, `invalid_currency` or
+ * `invalid_recipient`, as a badly written value does, rather than `invalid_request`. The schema
+ * names the code (`x-error-code`, an OpenAPI extension); app.ts reads it from the failing schema.
+ */
+import { Type, type TString } from 'typebox';
+import type { ErrorCode } from '../errors/errors.ts';
+
+export const ERROR_CODE_KEYWORD = 'x-error-code';
+
+function codedString(code: ErrorCode, options: { description?: string; minLength?: number; maxLength?: number }): TString {
+  return Type.String({ ...options, [ERROR_CODE_KEYWORD]: code });
+}
+
+/** Decimal USDC as a string (never a JSON number: docs/decisions.md). */
+export const amountField = (description = 'decimal USDC, at most 6 decimals'): TString => codedString('invalid_amount', { description });
+
+export const currencyField = (description = 'USDC'): TString => codedString('invalid_currency', { description });
+
+/** A payment's recipient: a chain address or a domain of the recipient directory. */
+export const recipientField = (description: string): TString => codedString('invalid_recipient', { minLength: 1, maxLength: 253, description });
