@@ -168,6 +168,14 @@ describe('events, wallet states and automation', () => {
     assert.equal(low[0]!.details.current_balance, '4.00');
     assert.equal(await balanceOf(t, hungry.wallet_id), '4.00');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserve, 'the reserve was not touched');
+
+    // Turned on for a vault already below the trigger: topped up at the next tick, once.
+    const low2 = await fundedWallet(t, '1');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '3' } });
+    assert.equal((await t.request('PUT', `/v1/wallets/${low2.wallet_id}/auto-topup`,
+      { body: { enabled: true, triggerBelow: '5', topupAmount: '3' } })).status, 200);
+    for (let i = 0; i < 3; i += 1) await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, low2.wallet_id), '4.00', 'one topup, though 4.00 is still below the trigger');
   });
 
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {

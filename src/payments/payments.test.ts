@@ -236,6 +236,37 @@ describe('payments', () => {
     await assertVaultConsistent(t, wallet.wallet_id, 20_000_000n);
   });
 
+  test('an approval is checked again as of then: a rule that fails blocks it, a balance too low leaves it awaiting', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '3', maxPerTx: '10' });
+    const wallet = await fundedWallet(t, '12', policyId);
+    const to = await newRecipient();
+    const awaiting = async (amount: string) => {
+      const response = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount, currency: 'USDC' } });
+      assert.equal(response.body.approval?.status, 'awaiting', JSON.stringify(response.body));
+      return response.body.tx_id as string;
+    };
+    const operator = await t.createKey('operator');
+
+    const tooBig = await awaiting('6');
+    assert.equal((await t.request('PATCH', `/v1/policies/${policyId}`, { body: { maxPerTx: '5' } })).status, 200);
+    const refused = await t.request('POST', `/v1/payments/${tooBig}/approve`, { key: operator });
+    assert.equal(refused.status, 402, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'policy_violation');
+    assert.equal(refused.body.error.violation.rule, 'max_per_tx');
+    const view = (await t.request('GET', `/v1/transactions/${tooBig}`)).body;
+    assert.equal(view.status, 'blocked');
+    assert.equal(view.approval.status, 'approved', 'the operator approved; the policy refused');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '12.00');
+
+    const short = await awaiting('5');
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: '8' } })).status, 200);
+    const poor = await t.request('POST', `/v1/payments/${short}/approve`, { key: operator });
+    assert.equal(poor.status, 422, JSON.stringify(poor.body));
+    assert.equal(poor.body.error.code, 'wallet_insufficient_balance');
+    assert.equal((await t.request('GET', `/v1/transactions/${short}`)).body.approval.status, 'awaiting', 'still awaiting');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+  });
+
   test('an agent key pays only with its vault\'s current session token', async () => {
     const wallet = await fundedWallet(t, '3');
     const agentKey = await t.createKey('agent');

@@ -238,7 +238,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       params: WalletParams,
       body: Type.Object({
         enabled: Type.Boolean(),
-        triggerBelow: Type.Optional(Type.String({ description: 'top up when a debit leaves the balance below this' })),
+        triggerBelow: Type.Optional(Type.String({ description: 'top up when the balance is below this (after a debit, or already when turned on)' })),
         topupAmount: Type.Optional(Type.String({ description: 'how much one topup adds' })),
       }, { additionalProperties: false }),
       response: { 200: WalletView },
