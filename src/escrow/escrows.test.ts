@@ -277,6 +277,19 @@ describe('escrow', () => {
     assert.equal(await balanceOf(t, to.wallet_id), '0.50');
   });
 
+  test('an escrow above the requester\'s co-signature threshold is refused (402, require_co_sign with the threshold), not held', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '2.5' });
+    const from = await fundedWallet(t, '10', policyId);
+    const to = await fundedWallet(t, '0.5');
+    const refused = await open(from, to.wallet_id);
+    assert.equal(refused.status, 402, JSON.stringify(refused.body));
+    assert.deepEqual(refused.body.error.violation, { rule: 'require_co_sign', limit: '2.50', attempted: '4.00' });
+    assert.equal((await t.request('GET', `/v1/transactions/${refused.body.error.tx_id}`)).body.status, 'blocked');
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    const under = await open(from, to.wallet_id, { amount: '2.5' });
+    assert.equal(under.status, 200, 'at the threshold: no co-signature needed');
+  });
+
   test('a vault of another organisation receives by its chain address; both organisations see the escrow, nobody else', async () => {
     const from = await fundedWallet(t, '10');
     const other = await t.createOrganization();

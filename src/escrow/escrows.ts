@@ -208,7 +208,8 @@ export async function createEscrow(
       if (wallet.status === 'frozen') throw frozenError(wallet);
       if (wallet.policy_id !== unlocked.policy_id) return null;
       const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
-      const decision = evaluate(await rulesFor(tx, wallet), spendStateOf(windows), {
+      const rules = await rulesFor(tx, wallet);
+      const decision = evaluate(rules, spendStateOf(windows), {
         amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: null, atMs: recordedMs,
       });
       const asPayment = { walletId: wallet.id, to: input.toWallet, amount: input.amount, memo: null, category: null };
@@ -220,7 +221,7 @@ export async function createEscrow(
       }
       // An escrow is not held for a co-signature: above requireCoSign it is refused like any other rule.
       if (decision.requiresApproval) {
-        const violation: Violation = { rule: 'require_co_sign', limit: 'co-signature', attempted: formatUsdc(input.amount) };
+        const violation: Violation = { rule: 'require_co_sign', limit: formatUsdc(rules.requireCoSign!), attempted: formatUsdc(input.amount) };
         await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
           violation, sendTxId, 'a2a_send');
         await options.mark?.(tx, sendTxId);
