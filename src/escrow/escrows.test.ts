@@ -123,7 +123,10 @@ describe('escrow', () => {
     const forged: Array<[string, Record<string, unknown>, RegExp]> = [
       [withHash.escrow_id, { proofType: 'output_hash', proof: 'sha256:abc' }, /64 lowercase hex/],
       [withHash.escrow_id, { proofType: 'output_hash', proof: sha256Of('other output') }, /expectedOutputHash/],
-      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /Nothing to verify/],
+      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /needs outputUrl/],
+      // The receiver can read the expected hash in the escrow: sending it back proves nothing.
+      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /needs outputUrl/],
+      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/elsewhere` }, /bytes at outputUrl differs/],
       [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/elsewhere` }, /bytes at outputUrl differs/],
       [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: 'http://127.0.0.1:1/report' }, /could not be fetched/],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(plain, otherToken) }, /not signed by the receiving vault/],
@@ -147,7 +150,7 @@ describe('escrow', () => {
     assert.equal(await balanceOf(t, from.wallet_id), '8.00', 'three escrows of 4.00 locked out of 20.00');
 
     const good: Array<[string, Record<string, unknown>]> = [
-      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }],
+      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` }],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(plain, token, { output_hash: OUTPUT_HASH }) }],
       [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, verified.escrow_id) }],
     ];
@@ -168,7 +171,7 @@ describe('escrow', () => {
     await tick();
     assert.equal((await escrowOf(created.escrow_id)).status, 'locked', 'not before its time');
     await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 121 } });
-    const late = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } });
+    const late = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } });
     assert.equal(late.status, 422);
     assert.equal(late.body.error.code, 'escrow_expired');
     const lateDispute = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'too late' } });
@@ -186,7 +189,7 @@ describe('escrow', () => {
     assert.equal(events[0]!.payload.reason, 'timeout');
     assert.equal(events[0]!.severity, 'info');
     for (const [path, body] of [
-      ['complete', { proofType: 'output_hash', proof: OUTPUT_HASH }], ['dispute', { reason: 'x' }],
+      ['complete', { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` }], ['dispute', { reason: 'x' }],
     ] as const) {
       const response = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/${path}`, { body });
       assert.equal(response.body.error.code, 'escrow_already_settled', path);
@@ -219,7 +222,7 @@ describe('escrow', () => {
       assert.equal(disputed.body.dispute.reason, 'The summary misses half the filings');
       const onChain = await t.service.ctx.chain.getEscrow(address(created.chain_address));
       assert.equal(onChain!.state, 4, 'disputed on chain');
-      const complete = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } });
+      const complete = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } });
       assert.equal(complete.body.error.code, 'escrow_already_settled', 'a disputed escrow is not completed');
       assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: operator, body: decision })).status, 403,
         'only the arbiter role resolves');
@@ -304,7 +307,7 @@ describe('escrow', () => {
     const stranger = await t.createOrganization();
     assert.equal((await t.request('GET', `/v1/payments/a2a/${created.escrow_id}`, { key: stranger.adminKey })).status, 404);
     const done = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
-      key: otherKey, body: { proofType: 'output_hash', proof: OUTPUT_HASH },
+      key: otherKey, body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
     });
     assert.equal(done.body.status, 'released', JSON.stringify(done.body));
     assert.equal(await balanceOf(t, theirs.body.wallet_id, otherKey), '4.00');
@@ -312,7 +315,7 @@ describe('escrow', () => {
     assert.deepEqual(received.body.data.map((row: { type: string }) => row.type), ['a2a_receive']);
     const external = await newRecipient();
     const toAddress = (await open(from, external, { amount: '1', expectedOutputHash: OUTPUT_HASH })).body;
-    await t.request('POST', `/v1/payments/a2a/${toAddress.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } });
+    await t.request('POST', `/v1/payments/a2a/${toAddress.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } });
     assert.equal(await chainBalance(external), 1_000_000n, 'any address can be paid through an escrow');
     await assertConserved();
   });
@@ -324,7 +327,7 @@ describe('escrow', () => {
       const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
       const responses = await Promise.all(Array.from({ length: 6 }, (_, i) => t.request('POST',
         `/v1/payments/a2a/${created.escrow_id}/${i % 2 ? 'dispute' : 'complete'}`,
-        { body: i % 2 ? { reason: 'race' } : { proofType: 'output_hash', proof: OUTPUT_HASH } })));
+        { body: i % 2 ? { reason: 'race' } : { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } })));
       const winners = responses.filter((r) => r.status === 200);
       assert.equal(winners.length, 1, `exactly one move wins: ${responses.map((r) => r.status)}`);
       assert.deepEqual([...new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code))], ['escrow_already_settled']);
@@ -334,7 +337,7 @@ describe('escrow', () => {
     const racing = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 60 })).body;
     await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 60 } });
     const [complete] = await Promise.all([
-      t.request('POST', `/v1/payments/a2a/${racing.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH } }),
+      t.request('POST', `/v1/payments/a2a/${racing.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } }),
       tick(),
     ]);
     assert.equal(complete.status, 422, JSON.stringify(complete.body));

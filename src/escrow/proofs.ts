@@ -68,13 +68,15 @@ export function encodeAttestation(payload: AttestationPayload, sign: (message: U
 
 async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allowPrivate: boolean): Promise<void> {
   if (!SHA256.test(input.proof)) throw invalidProof('An output_hash proof is "sha256:" followed by 64 lowercase hex digits.');
-  if (escrow.expected_output_hash === null && input.outputUrl === null) {
-    throw invalidProof('Nothing to verify this output_hash against: give outputUrl, or create the escrow with expectedOutputHash.');
-  }
   if (escrow.expected_output_hash !== null && input.proof !== escrow.expected_output_hash) {
     throw invalidProof('The output hash differs from the expectedOutputHash the escrow was created with.');
   }
-  if (input.outputUrl !== null) {
+  // A hash alone proves nothing: both parties can read the escrow's expected_output_hash. The
+  // bytes it is the hash of are the proof that the output was delivered.
+  if (input.outputUrl === null) {
+    throw invalidProof('An output_hash proof needs outputUrl, where the service reads the output and hashes it: the hash alone proves no delivery.');
+  }
+  {
     let body: Buffer;
     try {
       const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });

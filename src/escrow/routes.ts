@@ -182,7 +182,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       body: Type.Object({
         proofType: ProofTypeSchema,
         proof: Type.String({ minLength: 1, maxLength: PROOF_MAX_CHARS }),
-        outputUrl: Type.Optional(Type.String({ maxLength: 2048, description: 'fetched; the SHA-256 of its bytes must equal an output_hash proof' })),
+        outputUrl: Type.Optional(Type.String({ maxLength: 2048, description: 'required with an output_hash proof: fetched, and the SHA-256 of its bytes must equal the proof' })),
         waitForConfirmation: WaitField,
       }, { additionalProperties: false }),
       response: { 200: EscrowView },
