@@ -259,8 +259,9 @@ describe('API keys', () => {
     const adminId = await onlyKeyId(org.adminKey);
     const ids: string[] = [];
     for (const name of ['one', 'two', 'three']) {
-      // The service clock moves a second between keys, so "newest" is unambiguous.
-      await t.request('POST', '/v1/test_helpers/clock/advance', { key: org.adminKey, body: { seconds: 1 } });
+      // The service clock moves a second between keys, so "newest" is unambiguous (the default
+      // organisation moves it: it is every organisation's).
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 1 } });
       ids.push((await createKey({ name, role: 'agent' }, org.adminKey)).api_key_id);
     }
     await t.request('DELETE', `/v1/api-keys/${ids[0]}`, { key: org.adminKey });
@@ -272,7 +273,7 @@ describe('API keys', () => {
     assert.equal(typeof first.body.next_cursor, 'string');
 
     // A key created between two pages does not shift the next page.
-    await t.request('POST', '/v1/test_helpers/clock/advance', { key: org.adminKey, body: { seconds: 1 } });
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 1 } });
     const newest = await createKey({ name: 'four', role: 'viewer' }, org.adminKey);
     const second = await t.request('GET', `/v1/api-keys?limit=2&cursor=${first.body.next_cursor}`, { key: org.adminKey });
     assert.deepEqual(second.body.data.map((k: { api_key_id: string }) => k.api_key_id), [ids[0], adminId]);

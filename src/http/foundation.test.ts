@@ -105,6 +105,18 @@ describe('test helpers', () => {
     assert.equal(moved.status, 403);
     assert.equal(moved.body.error.code, 'insufficient_permissions');
   });
+
+  test('only the default organisation moves the clock, which is every organisation\'s', async () => {
+    const other = await t.createOrganization('Tenant');
+    const before = (await t.request('GET', '/v1/test_helpers/clock', { key: other.adminKey })).body.offset_seconds;
+    const moved = await t.request('POST', '/v1/test_helpers/clock/advance', { key: other.adminKey, body: { seconds: 3600 } });
+    assert.equal(moved.status, 403, JSON.stringify(moved.body));
+    assert.equal(moved.body.error.code, 'insufficient_permissions');
+    assert.match(moved.body.error.message, /default organisation/);
+    assert.equal((await t.request('GET', '/v1/test_helpers/clock')).body.offset_seconds, before, 'the clock did not move');
+    const deposit = await t.request('POST', '/v1/test_helpers/deposits', { key: other.adminKey, body: { amount: '1' } });
+    assert.equal(deposit.status, 200, 'deposits into its own reserve stay open to every organisation');
+  });
 });
 
 describe('test helpers against a real cluster', () => {

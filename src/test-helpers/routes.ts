@@ -67,6 +67,13 @@ export function testHelperRoutes(app: App, ctx: AppContext): void {
       response: { 200: ClockView },
     },
   }, async (request) => {
+    // The service clock is every organisation's: only the default (bootstrap) organisation, the
+    // one running the service, may move it.
+    const org = await getOrganization(ctx.db, principalOf(request).orgId);
+    if (!org?.is_default) {
+      throw new ServiceError('insufficient_permissions',
+        'The service clock is shared by every organisation: only keys of the default organisation may move it.');
+    }
     const { seconds } = request.body;
     if (seconds > CLOCK_ADVANCE_MAX_SECONDS) throw invalidRequest('seconds', `seconds must be at most ${CLOCK_ADVANCE_MAX_SECONDS}`);
     await ctx.clock.advanceBy(seconds);
