@@ -22,10 +22,14 @@ describe('escrow', () => {
   let t: TestService;
   let server: Server;
   let outputUrl: string;
+  /** answers the outputs held back at /slow */
+  const slowResponses: Array<() => void> = [];
+  const SLOW_OUTPUT = 'a slow output';
   before(async () => {
     t = await startTestService({ env: { AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS: 'on' } });
     server = createServer((request, response) => {
-      response.end(request.url === '/report' ? OUTPUT : 'something else');
+      if (request.url === '/slow') slowResponses.push(() => response.end(SLOW_OUTPUT));
+      else response.end(request.url === '/report' ? OUTPUT : 'something else');
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     outputUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
@@ -245,6 +249,29 @@ describe('escrow', () => {
       }
     }
     await assertConserved();
+  });
+
+  test('a process fetches at most 4 outputs at once: a fifth completion meanwhile is 503, to retry, and changes nothing', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const escrows = [];
+    for (let i = 0; i < 5; i += 1) escrows.push((await open(from, to.wallet_id, { amount: '1' })).body.escrow_id as string);
+    const complete = (escrowId: string) => t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, {
+      body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
+    });
+    const first = escrows.slice(0, 4).map(complete);
+    for (let i = 0; i < 500 && slowResponses.length < 4; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
+    assert.equal(slowResponses.length, 4, 'four outputs are being fetched');
+    const fifth = await complete(escrows[4]!);
+    assert.equal(fifth.status, 503, JSON.stringify(fifth.body));
+    assert.equal(fifth.body.error.code, 'service_unavailable');
+    assert.equal((await escrowOf(escrows[4]!)).status, 'locked', 'unchanged');
+    while (slowResponses.length) slowResponses.shift()!();
+    for (const answer of await Promise.all(first)) assert.equal(answer.body.status, 'released', JSON.stringify(answer.body));
+    const retried = complete(escrows[4]!);
+    for (let i = 0; i < 500 && slowResponses.length < 1; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
+    slowResponses.shift()!();
+    assert.equal((await retried).body.status, 'released', 'the retry goes through');
   });
 
   test('the requester\'s policy is checked at creation: a violation is 402, recorded blocked, and locks nothing', async () => {

@@ -1,10 +1,9 @@
 /**
  * Completion proofs of an escrow (SPEC.md "Proof formats"), each really verified:
  *
- * - `output_hash`: `sha256:<64 hex>`. It must equal the escrow's `expectedOutputHash` when one
- *   was given at creation, and the SHA-256 of the bytes at `outputUrl` when that is given
- *   (fetched through the outbound guard). With neither there is nothing to verify it against,
- *   and it is refused.
+ * - `output_hash`: `sha256:<64 hex>`, with `outputUrl`. It must equal the escrow's
+ *   `expectedOutputHash` when one was given at creation, and the SHA-256 of the bytes at
+ *   `outputUrl` (fetched through the outbound guard, a few at a time per process).
  * - `signed_attestation`: `<base64url payload>.<base64url ed25519 signature>`; the payload is
  *   JSON naming the escrow and its task hash, signed by the receiving vault's current session
  *   authority (DESIGN §7).
@@ -16,6 +15,7 @@ import { createHash } from 'node:crypto';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { fetchGuarded, OutboundError } from '../net/outbound.ts';
+import { Slots } from '../net/slots.ts';
 import { verifyCallbackProof } from '../verifiers/verifiers.ts';
 import { verifySessionSignature } from '../wallets/session-token.ts';
 
@@ -28,6 +28,12 @@ const SHA256 = new RegExp(SHA256_PATTERN);
 export const OUTPUT_FETCH_TIMEOUT_MS = 5_000;
 export const OUTPUT_MAX_BYTES = 10 * 1024 * 1024;
 export const PROOF_MAX_CHARS = 8_192;
+/**
+ * Outputs fetched at once by one process (each up to OUTPUT_MAX_BYTES in memory); a completion
+ * beyond that is answered 503 at once, to retry, rather than queued.
+ */
+export const OUTPUT_FETCHES_MAX = 4;
+const outputFetchSlots = new Slots(OUTPUT_FETCHES_MAX);
 
 export interface EscrowForProof {
   id: string;
@@ -78,6 +84,9 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
   }
   {
     let body: Buffer;
+    if (!outputFetchSlots.tryAcquire()) {
+      throw new ServiceError('service_unavailable', `${OUTPUT_FETCHES_MAX} escrow outputs are being fetched already; retry in a few seconds.`);
+    }
     try {
       const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
       if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
@@ -85,6 +94,8 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
     } catch (error) {
       if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
       throw error;
+    } finally {
+      outputFetchSlots.release();
     }
     if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
   }

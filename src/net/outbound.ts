@@ -16,6 +16,7 @@ import type { IncomingHttpHeaders } from 'node:http';
 import { BlockList, isIP, type LookupFunction } from 'node:net';
 import { Pool, type Dispatcher } from 'undici';
 import { ServiceError } from '../errors/errors.ts';
+import { Slots } from './slots.ts';
 
 /** Browsers and proxies commonly cap URLs near here; a longer one is a mistake or an attack. */
 export const OUTBOUND_URL_LENGTH_MAX = 2048;
@@ -202,15 +203,41 @@ export interface OutboundResponse {
   latencyMs: number;
 }
 
-/** dns.lookup of every address of a name, or an OutboundError; getaddrinfo cannot be cancelled, so a late answer is ignored. */
-function resolveAll(host: string, timeoutMs: number): Promise<LookupAddress[]> {
+/**
+ * Name lookups of outbound calls in flight at once, per thread. `dns.lookup` (getaddrinfo) runs
+ * on libuv's pool of 4 threads, which the whole process shares (file writes, the validator's
+ * snapshots, other lookups), and it cannot be cancelled: a name whose DNS server never answers
+ * holds a pool thread until the system resolver gives up, whatever the call's deadline. Names
+ * are chosen by tenants (webhook URLs, escrow output URLs), so with one lookup per thread (the
+ * event loop's and the webhook sending thread's) they can hold at most two of the four.
+ */
+const lookupSlots = new Slots(1);
+
+/**
+ * dns.lookup of every address of a name, or an OutboundError. Waits its turn for a lookup slot
+ * within the deadline; the slot is given back when getaddrinfo answers, however late, and a late
+ * answer is otherwise ignored.
+ */
+async function resolveAll(host: string, timeoutMs: number): Promise<LookupAddress[]> {
+  const startedMs = performance.now();
+  if (!(await lookupSlots.acquire(timeoutMs))) {
+    throw new OutboundError('timeout', `resolving ${host} waited for other lookups longer than the call's deadline`);
+  }
+  const remainingMs = timeoutMs - (performance.now() - startedMs);
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new OutboundError('timeout', `resolving ${host} took longer than the call's deadline`)), timeoutMs);
-    dnsLookup(host, { all: true, verbatim: true }, (error, addresses) => {
+    const timer = setTimeout(() => reject(new OutboundError('timeout', `resolving ${host} took longer than the call's deadline`)), remainingMs);
+    try {
+      dnsLookup(host, { all: true, verbatim: true }, (error, addresses) => {
+        lookupSlots.release();
+        clearTimeout(timer);
+        if (error || !addresses.length) reject(new OutboundError('network', `${host} did not resolve (${error?.code ?? 'no address'})`));
+        else resolve(addresses);
+      });
+    } catch (error) {
+      lookupSlots.release();
       clearTimeout(timer);
-      if (error || !addresses.length) reject(new OutboundError('network', `${host} did not resolve (${error?.code ?? 'no address'})`));
-      else resolve(addresses);
-    });
+      reject(new OutboundError('network', `${host} could not be looked up (${(error as Error).message})`));
+    }
   });
 }
 
