@@ -338,6 +338,8 @@ describe('transaction exports', () => {
     assert.ok(refused.headers['retry-after'], 'Retry-After is set');
     // Another organisation is not held up by this one's queue.
     assert.equal((await t.request('POST', '/v1/transactions/export', { key: other.adminKey, body: { format: 'csv' } })).status, 200);
+    // Six to build, the other organisation's in its turn (second): two runs of the job.
+    await t.service.jobs.runOnce();
     await t.service.jobs.runOnce();
     for (const id of ids) assert.equal((await t.request('GET', `/v1/transactions/exports/${id}`)).body.status, 'ready');
     assert.equal((await t.request('POST', '/v1/transactions/export', { body: { format: 'csv', type: 'funding' } })).status, 200);
@@ -468,5 +470,31 @@ describe('transaction exports over time and through failures', () => {
     const response = await t.request('GET', `/v1/transactions/exports/${newId('exp', Date.now())}`);
     assert.equal(response.status, 404);
     assert.equal(response.body.error.code, 'export_not_found');
+  });
+
+  test(`requests side by side never go over ${PROCESSING_PER_ORG_MAX} processing exports`, async () => {
+    const org = await t.createOrganization('Eager exporter');
+    const answers = await Promise.all(Array.from({ length: 8 }, () =>
+      t.request('POST', '/v1/transactions/export', { key: org.adminKey, body: { format: 'csv' } })));
+    assert.deepEqual(answers.map((a) => a.status).sort(), [...Array(PROCESSING_PER_ORG_MAX).fill(200), ...Array(8 - PROCESSING_PER_ORG_MAX).fill(429)]);
+    const [stored] = await t.service.ctx.db.query<{ n: number }>('SELECT count(*)::int AS n FROM exports WHERE org_id = $1', [org.orgId]);
+    assert.equal(stored!.n, PROCESSING_PER_ORG_MAX, 'as many recorded as accepted');
+    await t.service.jobs.runOnce();
+  });
+
+  // Last: it leaves builds leased until the clock passes their lease.
+  test('organisations take turns: one organisation\'s queue of exports does not hold up another\'s', async () => {
+    const [busy, patient] = [await t.createOrganization('Busy exporter'), await t.createOrganization('Patient exporter')];
+    const ask = async (key: string) => (await t.request('POST', '/v1/transactions/export', { key, body: { format: 'csv' } })).body.export_id as string;
+    const queued = [await ask(busy.adminKey), await ask(busy.adminKey), await ask(busy.adminKey)];
+    const late = await ask(patient.adminKey);
+    const order: string[] = [];
+    for (let i = 0; i < 4; i += 1) order.push((await claimExport(t.service.ctx.db, t.service.ctx.clock.nowMs()))!.id);
+    assert.deepEqual(order, [queued[0], late, queued[1], queued[2]], 'the other organisation\'s export goes second, not last');
+    await advance(BUILD_LEASE_MS / 1000 + 1);
+    await t.service.jobs.runOnce();
+    for (const [key, id] of [[busy.adminKey, queued[0]], [patient.adminKey, late]] as const) {
+      assert.equal((await t.request('GET', `/v1/transactions/exports/${id}`, { key })).body.status, 'ready');
+    }
   });
 });

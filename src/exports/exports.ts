@@ -87,6 +87,8 @@ export interface ExportRow {
   ready_at: Date | null;
   expires_at: Date | null;
   updated_at: Date;
+  /** when its latest build began (organisations take turns: claimExport) */
+  build_started_at: Date | null;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -220,23 +222,34 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
     from: filter.from?.toISOString() ?? null,
     to: filter.to?.toISOString() ?? null,
   };
+  // The quota first: a request it refuses costs no count of the organisation's transactions.
+  await assertBelowQuota(ctx.db, principal.orgId);
   const rows = await countTransactions(ctx.db, principal.orgId, buildFilter({ filter: stored, created_at: createdAt }), EXPORT_ROWS_MAX + 1);
   if (rows > EXPORT_ROWS_MAX) {
     throw invalidRequest('from', `The filter selects more than ${EXPORT_ROWS_MAX} transactions: narrow it with from and to, and export in parts.`);
   }
-  const [processing] = await ctx.db.query<{ n: bigint }>(
-    `SELECT count(*)::bigint AS n FROM exports WHERE org_id = $1 AND status = 'processing'`, [principal.orgId]);
+  const estimatedReadyAt = new Date(nowMs + PICKUP_DELAY_MS + Math.ceil((rows / ROWS_PER_SECOND_ESTIMATE) * 1000));
+  return ctx.db.transaction(async (tx) => {
+    // Again, under a lock of the organisation's exports, so that requests side by side cannot
+    // both pass the count and go over it.
+    await tx.query(`SELECT pg_advisory_xact_lock(hashtext('exports:' || $1::text))`, [principal.orgId]);
+    await assertBelowQuota(tx, principal.orgId);
+    const [row] = await tx.query<ExportRow>(
+      `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
+       VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8, $8)
+       RETURNING *`,
+      [newId('exp', nowMs), principal.orgId, format, JSON.stringify(stored), rows, estimatedReadyAt, principal.keyId, createdAt]);
+    return row!;
+  });
+}
+
+async function assertBelowQuota(q: Queryable, orgId: string): Promise<void> {
+  const [processing] = await q.query<{ n: bigint }>(
+    `SELECT count(*)::bigint AS n FROM exports WHERE org_id = $1 AND status = 'processing'`, [orgId]);
   if (Number(processing?.n ?? 0n) >= PROCESSING_PER_ORG_MAX) {
     throw new ServiceError('rate_limited',
       `Your organisation already has ${PROCESSING_PER_ORG_MAX} exports processing: wait until one is ready, then ask again.`);
   }
-  const estimatedReadyAt = new Date(nowMs + PICKUP_DELAY_MS + Math.ceil((rows / ROWS_PER_SECOND_ESTIMATE) * 1000));
-  const [row] = await ctx.db.query<ExportRow>(
-    `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
-     VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8, $8)
-     RETURNING *`,
-    [newId('exp', nowMs), principal.orgId, format, JSON.stringify(stored), rows, estimatedReadyAt, principal.keyId, createdAt]);
-  return row!;
 }
 
 /** One export of the organisation; another organisation's answers exactly like a missing one. */
@@ -276,15 +289,19 @@ export async function openDownload(db: Database, orgId: string, exportId: string
 class LeaseLost extends Error {}
 
 /**
- * Takes the oldest export waiting for a build: gives it a lease and a fresh large object,
+ * Takes an export waiting for a build, organisations in turn: the oldest export of the
+ * organisation whose last build began longest ago (or never), so that one organisation's queue
+ * of large exports does not hold up another's. Gives it a lease and a fresh large object,
  * deleting what an interrupted build left. One that used up its attempts fails instead
  * (returned too, with status `failed`). Null when nothing waits.
  */
 export async function claimExport(db: Database, nowMs: number): Promise<ExportRow | null> {
   return db.transaction(async (tx) => {
     const [due] = await tx.query<ExportRow>(
-      `SELECT * FROM exports WHERE status = 'processing' AND (lease_until IS NULL OR lease_until <= $1)
-       ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED`, [new Date(nowMs)]);
+      `SELECT e.* FROM exports e
+       WHERE e.status = 'processing' AND (e.lease_until IS NULL OR e.lease_until <= $1)
+       ORDER BY (SELECT max(b.build_started_at) FROM exports b WHERE b.org_id = e.org_id) NULLS FIRST, e.created_at, e.id
+       LIMIT 1 FOR UPDATE OF e SKIP LOCKED`, [new Date(nowMs)]);
     if (!due) return null;
     if (due.content_oid !== null) await deleteContent(tx, [due.content_oid]);
     if (due.attempts >= BUILD_ATTEMPTS_MAX) {
@@ -294,7 +311,7 @@ export async function claimExport(db: Database, nowMs: number): Promise<ExportRo
       return failed!;
     }
     const [claimed] = await tx.query<ExportRow>(
-      `UPDATE exports SET attempts = attempts + 1, lease_until = $2, content_oid = lo_create(0), updated_at = $3
+      `UPDATE exports SET attempts = attempts + 1, lease_until = $2, content_oid = lo_create(0), updated_at = $3, build_started_at = $3
        WHERE id = $1 RETURNING *`, [due.id, new Date(nowMs + BUILD_LEASE_MS), new Date(nowMs)]);
     return claimed!;
   });
