@@ -3,8 +3,10 @@
  * safe to run in several processes (every action is claimed by a conditional UPDATE first):
  *
  * - policy expiry: when a policy's expiry passes, every active vault attached to it freezes
- *   (`wallet.frozen`, reason `policy_expired`) and `policy.expired` is written, once;
- * - auto-topup: when a debit leaves a vault below its `trigger_below`, the reserve funds
+ *   (`wallet.frozen`, reason `policy_expired`) and `policy.expired` is written, once per expiry
+ *   (a PATCH that sets a new expiry starts another);
+ * - auto-topup: when an active vault is below its `trigger_below` (after a debit, or already
+ *   when auto-topup is turned on), the reserve funds
  *   `topup_amount` once; a reserve too small raises `balance.low` instead; it fires again only
  *   after the balance was back at or above the trigger — never a loop;
  * - balance.low: once each time a vault's balance falls below its low-balance threshold;
@@ -37,7 +39,8 @@ export async function expirePolicies(ctx: Ctx): Promise<number> {
     const done = await ctx.db.transaction(async (tx) => {
       const now = new Date(ctx.clock.nowMs());
       const [policy] = await tx.query<{ name: string; expiry: Date }>(
-        `UPDATE policies SET expired_at = $3 WHERE org_id = $1 AND id = $2 AND expired_at IS NULL RETURNING name, expiry`,
+        // The expiry is checked again: a PATCH may have moved it later since the policy was picked.
+        `UPDATE policies SET expired_at = $3 WHERE org_id = $1 AND id = $2 AND expired_at IS NULL AND expiry <= $3 RETURNING name, expiry`,
         [orgId, id, now]);
       if (!policy) return false;
       // Lock order: wallets by id, like every other writer of wallet rows.

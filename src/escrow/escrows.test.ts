@@ -251,27 +251,44 @@ describe('escrow', () => {
     await assertConserved();
   });
 
-  test('a process fetches at most 4 outputs at once: a fifth completion meanwhile is 503, to retry, and changes nothing', async () => {
-    const from = await fundedWallet(t, '10');
-    const to = await fundedWallet(t, '0.5');
-    const escrows = [];
-    for (let i = 0; i < 5; i += 1) escrows.push((await open(from, to.wallet_id, { amount: '1' })).body.escrow_id as string);
-    const complete = (escrowId: string) => t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, {
-      body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
+  test('outputs are fetched at most 2 at once per organisation and 4 per process: a completion beyond is 503, to retry, and changes nothing', async () => {
+    const orgs = [{ key: t.adminKey }, { key: (await t.createOrganization('Fetcher B')).adminKey }, { key: (await t.createOrganization('Fetcher C')).adminKey }];
+    const escrowsOf = async (key: string, n: number) => {
+      const from = await fundedWallet(t, '10', 'pol_permissive', key);
+      const to = await fundedWallet(t, '0.5', 'pol_permissive', key);
+      const ids: string[] = [];
+      for (let i = 0; i < n; i += 1) ids.push((await open(from, to.wallet_id, { amount: '1' }, key)).body.escrow_id as string);
+      return ids;
+    };
+    const [a, b, c] = [await escrowsOf(orgs[0]!.key, 3), await escrowsOf(orgs[1]!.key, 2), await escrowsOf(orgs[2]!.key, 1)];
+    const complete = (key: string, escrowId: string) => t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, {
+      key, body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
     });
-    const first = escrows.slice(0, 4).map(complete);
-    for (let i = 0; i < 500 && slowResponses.length < 4; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
-    assert.equal(slowResponses.length, 4, 'four outputs are being fetched');
-    const fifth = await complete(escrows[4]!);
-    assert.equal(fifth.status, 503, JSON.stringify(fifth.body));
-    assert.equal(fifth.body.error.code, 'service_unavailable');
-    assert.equal((await escrowOf(escrows[4]!)).status, 'locked', 'unchanged');
+    const fetching = async (n: number) => {
+      for (let i = 0; i < 500 && slowResponses.length < n; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
+      assert.equal(slowResponses.length, n, `${n} outputs are being fetched`);
+    };
+    const refused = async (key: string, escrowId: string, message: RegExp) => {
+      const answer = await complete(key, escrowId);
+      assert.equal(answer.status, 503, JSON.stringify(answer.body));
+      assert.equal(answer.body.error.code, 'service_unavailable');
+      assert.match(answer.body.error.message, message);
+      assert.equal((await t.request('GET', `/v1/payments/a2a/${escrowId}`, { key })).body.status, 'locked', 'unchanged');
+    };
+    const held = [complete(orgs[0]!.key, a[0]!), complete(orgs[0]!.key, a[1]!)];
+    await fetching(2);
+    await refused(orgs[0]!.key, a[2]!, /this organisation/);
+    held.push(complete(orgs[1]!.key, b[0]!), complete(orgs[1]!.key, b[1]!));
+    await fetching(4);
+    await refused(orgs[2]!.key, c[0]!, /4 escrow outputs/);
     while (slowResponses.length) slowResponses.shift()!();
-    for (const answer of await Promise.all(first)) assert.equal(answer.body.status, 'released', JSON.stringify(answer.body));
-    const retried = complete(escrows[4]!);
-    for (let i = 0; i < 500 && slowResponses.length < 1; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
-    slowResponses.shift()!();
-    assert.equal((await retried).body.status, 'released', 'the retry goes through');
+    for (const answer of await Promise.all(held)) assert.equal(answer.body.status, 'released', JSON.stringify(answer.body));
+    for (const [key, escrowId] of [[orgs[0]!.key, a[2]!], [orgs[2]!.key, c[0]!]] as const) {
+      const retried = complete(key, escrowId);
+      await fetching(1);
+      slowResponses.shift()!();
+      assert.equal((await retried).body.status, 'released', 'the retry goes through');
+    }
   });
 
   test('the requester\'s policy is checked at creation: a violation is 402, recorded blocked, and locks nothing', async () => {

@@ -29,11 +29,33 @@ export const OUTPUT_FETCH_TIMEOUT_MS = 5_000;
 export const OUTPUT_MAX_BYTES = 10 * 1024 * 1024;
 export const PROOF_MAX_CHARS = 8_192;
 /**
- * Outputs fetched at once by one process (each up to OUTPUT_MAX_BYTES in memory); a completion
- * beyond that is answered 503 at once, to retry, rather than queued.
+ * Outputs fetched at once by one process (each up to OUTPUT_MAX_BYTES in memory), and for the
+ * escrows of one requesting organisation, so that one tenant cannot take them all; a completion
+ * beyond either is answered 503 at once, to retry, rather than queued.
  */
 export const OUTPUT_FETCHES_MAX = 4;
+export const OUTPUT_FETCHES_PER_ORG_MAX = 2;
 const outputFetchSlots = new Slots(OUTPUT_FETCHES_MAX);
+const outputFetchesByOrg = new Map<string, number>();
+
+function takeOutputFetch(orgId: string): void {
+  const ofOrg = outputFetchesByOrg.get(orgId) ?? 0;
+  if (ofOrg >= OUTPUT_FETCHES_PER_ORG_MAX) {
+    throw new ServiceError('service_unavailable',
+      `${OUTPUT_FETCHES_PER_ORG_MAX} outputs of this organisation's escrows are being fetched already; retry in a few seconds.`);
+  }
+  if (!outputFetchSlots.tryAcquire()) {
+    throw new ServiceError('service_unavailable', `${OUTPUT_FETCHES_MAX} escrow outputs are being fetched already; retry in a few seconds.`);
+  }
+  outputFetchesByOrg.set(orgId, ofOrg + 1);
+}
+
+function giveOutputFetch(orgId: string): void {
+  outputFetchSlots.release();
+  const left = (outputFetchesByOrg.get(orgId) ?? 1) - 1;
+  if (left > 0) outputFetchesByOrg.set(orgId, left);
+  else outputFetchesByOrg.delete(orgId);
+}
 
 export interface EscrowForProof {
   id: string;
@@ -84,9 +106,7 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
   }
   {
     let body: Buffer;
-    if (!outputFetchSlots.tryAcquire()) {
-      throw new ServiceError('service_unavailable', `${OUTPUT_FETCHES_MAX} escrow outputs are being fetched already; retry in a few seconds.`);
-    }
+    takeOutputFetch(escrow.org_id);
     try {
       const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
       if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
@@ -95,7 +115,7 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
       if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
       throw error;
     } finally {
-      outputFetchSlots.release();
+      giveOutputFetch(escrow.org_id);
     }
     if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
   }

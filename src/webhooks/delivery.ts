@@ -51,9 +51,7 @@ const DISPATCH_BUDGET_MS = 20_000;
 /** The delivery log shows at most this many attempts per delivery (the latest). */
 const LOG_ATTEMPTS_SHOWN_MAX = 25;
 const RETENTION_BATCH = 1_000;
-/** How often one process looks for deliveries past the retention. */
-const RETENTION_INTERVAL_MS = 60_000;
-/** A retention run of the delivery log stops starting statements after this long (each of its two parts). */
+/** A retention run of the delivery log (the `webhooks.retention` job) stops starting statements after this long (each of its two parts). */
 const RETENTION_RUN_MS = 2_000;
 const LOST_ATTEMPT_ERROR = 'No outcome was recorded: the worker making this attempt stopped. It may have reached the endpoint.';
 
@@ -576,19 +574,12 @@ export async function expireDeliveryLog(
   return { expired, deleted };
 }
 
-const lastRetentionRunMs = new WeakMap<Database, number>();
-
 /**
  * One run of the dispatcher (the `webhooks.deliver` job): takes over lapsed streams, settles
  * lost last attempts, then sends streams and due attempts until nothing is left or its time
  * budget is spent.
  */
 export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: number }> {
-  const wallMs = Date.now();
-  if (wallMs - (lastRetentionRunMs.get(ctx.db) ?? 0) >= RETENTION_INTERVAL_MS) {
-    lastRetentionRunMs.set(ctx.db, wallMs);
-    await expireDeliveryLog(ctx.db, ctx.clock.nowMs());
-  }
   await recoverLapsedStreams(ctx.db, ctx.clock.nowMs());
   await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;

@@ -11,7 +11,7 @@ import { syncPendingPolicies } from '../policies/policies.ts';
 import { expireApprovals } from '../payments/payments.ts';
 import { reconcilePending } from '../transactions/settlement.ts';
 import { syncPendingWallets } from '../wallets/wallets.ts';
-import { dispatchWebhooks } from '../webhooks/delivery.ts';
+import { dispatchWebhooks, expireDeliveryLog } from '../webhooks/delivery.ts';
 import type { Job } from './runner.ts';
 
 export const JOBS: readonly Job[] = [
@@ -90,6 +90,9 @@ export const JOBS: readonly Job[] = [
   { name: 'exports.build', intervalMs: 1_000, timeoutMs: 30 * 60_000, run: async (ctx) => { await buildDueExports(ctx); } },
   { name: 'exports.expire', intervalMs: 60_000, timeoutMs: 60_000, run: async (ctx) => { await expireExports(ctx.db, ctx.clock.nowMs()); } },
   { name: 'policies.sync', intervalMs: 2_000, timeoutMs: 30_000, run: async (ctx) => { await syncPendingPolicies(ctx); } },
+  // The webhook delivery log keeps 30 days; before the dispatcher, so a run of every job gives up
+  // what is past it rather than sending it.
+  { name: 'webhooks.retention', intervalMs: 60_000, timeoutMs: 30_000, run: async (ctx) => { await expireDeliveryLog(ctx.db, ctx.clock.nowMs()); } },
   // Webhook deliveries: streams of events and due attempts, claimed and sent (docs/webhooks.md); last,
   // so a run of every job (runOnce) also delivers the events the jobs before it wrote. A run claims
   // for 20 s, and a stream batch it claimed last can take 40 s more against slow endpoints.
