@@ -117,6 +117,8 @@ describe('escrow', () => {
     const withHash = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
     const plain = (await open(from, to.wallet_id)).body;
     const verified = (await open(from, to.wallet_id, { verifierId: verifier.body.verifier_id })).body;
+    assert.deepEqual([withHash.accepted_proofs, plain.accepted_proofs, verified.accepted_proofs],
+      [['output_hash'], ['output_hash', 'signed_attestation'], ['webhook_callback']], 'each escrow says what completes it');
     const token = (await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).body.session_token;
     const otherToken = (await t.request('POST', `/v1/wallets/${other.wallet_id}/rotate-token`, { body: {} })).body.session_token;
     const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
@@ -138,7 +140,11 @@ describe('escrow', () => {
       [plain.escrow_id, { proofType: 'signed_attestation', proof: attest({ ...plain, task_hash: sha256Of('x') }, token) }, /another task/],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: `${attest(plain, token)}x` }, /not signed/],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: 'not-base64' }, /base64url payload/],
-      [plain.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, plain.escrow_id) }, /names no verifier/],
+      [plain.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, plain.escrow_id) }, /accepts output_hash or signed_attestation proofs/],
+      // A check the requester chose cannot be stepped around: the receiver's own attestation of
+      // the expected hash, or delivered bytes where a verifier was named, are not accepted.
+      [withHash.escrow_id, { proofType: 'signed_attestation', proof: attest(withHash, token, { output_hash: OUTPUT_HASH }) }, /accepts output_hash proofs/],
+      [verified.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` }, /accepts webhook_callback proofs/],
       [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof('whsec_wrong', nowS, verified.escrow_id) }, /does not verify/],
       [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, plain.escrow_id) }, /does not verify/],
       [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS - 3600, verified.escrow_id) }, /seconds away/],
@@ -164,6 +170,7 @@ describe('escrow', () => {
       assert.equal(response.body.status, 'released');
     }
     assert.equal(await balanceOf(t, to.wallet_id), '12.50');
+    assert.equal((await escrowOf(withHash.escrow_id)).output_url, `${outputUrl}/report`, 'the requester sees where the output is');
     await assertConserved();
   });
 

@@ -153,11 +153,30 @@ async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForP
   }
 }
 
+/**
+ * The proofs an escrow accepts, from what its requester set at creation. A verifier or an
+ * expected output hash is a check the requester chose, and a proof of another kind would step
+ * around it: the receiving agent can always sign an attestation of its own, naming the expected
+ * hash, without delivering anything. So a verifier admits `webhook_callback`, an expected hash
+ * `output_hash` (the bytes at outputUrl), both admit either; an escrow with neither has no check
+ * to keep, and admits `output_hash` and `signed_attestation`.
+ */
+export function acceptedProofTypes(escrow: Pick<EscrowForProof, 'expected_output_hash' | 'verifier_id'>): ProofType[] {
+  const chosen: ProofType[] = [];
+  if (escrow.verifier_id !== null) chosen.push('webhook_callback');
+  if (escrow.expected_output_hash !== null) chosen.push('output_hash');
+  return chosen.length > 0 ? chosen : ['output_hash', 'signed_attestation'];
+}
+
 /** Verifies a completion proof against its escrow; throws `invalid_proof` with the reason. */
 export async function verifyProof(
   q: Queryable, nowMs: number, escrow: EscrowForProof, input: ProofInput, options: { allowPrivate: boolean },
 ): Promise<void> {
   if (input.proof.length > PROOF_MAX_CHARS) throw invalidProof(`A proof is at most ${PROOF_MAX_CHARS} characters.`);
+  const accepted = acceptedProofTypes(escrow);
+  if (!accepted.includes(input.proofType)) {
+    throw invalidProof(`This escrow accepts ${accepted.join(' or ')} proofs (its accepted_proofs), not ${input.proofType}.`);
+  }
   switch (input.proofType) {
     case 'output_hash':
       return verifyOutputHash(escrow, input, options.allowPrivate);

@@ -17,7 +17,7 @@ import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
   completeEscrow, createEscrow, disputeEscrow, getEscrow, resolveEscrow, type EscrowOutcome, type EscrowRow,
 } from './escrows.ts';
-import { PROOF_MAX_CHARS, SHA256_PATTERN } from './proofs.ts';
+import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
 
 const StringOrNull = Type.Union([Type.String(), Type.Null()]);
 const EscrowStatusSchema = Type.Union([
@@ -42,7 +42,9 @@ export const EscrowView = Type.Object({
   task_hash: Type.String({ description: 'sha256 of taskDescription, as recorded on chain' }),
   expected_output_hash: StringOrNull,
   verifier_id: StringOrNull,
+  accepted_proofs: Type.Array(Type.String(), { description: 'the proof types that can complete it (docs/escrow.md "Proofs")' }),
   proof_type: StringOrNull,
+  output_url: Type.Union([Type.String(), Type.Null()], { description: 'where the output of an output_hash proof was fetched' }),
   completed_at: StringOrNull,
   dispute: Type.Union([Type.Object({
     raised_by_org: Type.String(), reason: Type.String(), evidence: StringOrNull, raised_at: Type.String(),
@@ -73,7 +75,9 @@ export function escrowView(row: EscrowRow) {
     task_hash: row.task_hash,
     expected_output_hash: row.expected_output_hash,
     verifier_id: row.verifier_id,
+    accepted_proofs: acceptedProofTypes(row),
     proof_type: row.proof_type,
+    output_url: row.output_url,
     completed_at: row.completed_at?.toISOString() ?? null,
     dispute: row.dispute && {
       raised_by_org: row.dispute.raised_by_org, reason: row.dispute.reason, evidence: row.dispute.evidence, raised_at: row.dispute.raised_at,
