@@ -1,32 +1,42 @@
 /**
- * Name lookups of outbound calls take one of libuv's shared threads each and cannot be cancelled,
- * so they are limited to one in flight per thread: a name whose DNS never answers delays other
- * outbound calls (each within its own deadline) and never the process's other work. node:dns
- * `lookup` is wrapped to hold back the answer for one name; every other name resolves as usual.
+ * Outbound name resolution goes through c-ares (`dns.promises.Resolver`), never `dns.lookup`:
+ * getaddrinfo would take one of libuv's 4 shared threads per lookup and could not be cancelled,
+ * so a name whose DNS never answers could hold them past any deadline. The resolver's queries
+ * are wrapped to answer for test names (no network here): one name never answers, another
+ * answers 127.0.0.1; `dns.lookup` is wrapped to count its calls.
  */
 import assert from 'node:assert/strict';
 import dns from 'node:dns';
+import { Resolver } from 'node:dns/promises';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { syncBuiltinESMExports } from 'node:module';
 import { after, before, describe, mock, test } from 'node:test';
 import { OutboundError, fetchGuarded } from './outbound.ts';
 
-describe('outbound name lookups', () => {
+describe('outbound name resolution', () => {
   let server: Server;
   let port: number;
-  const held: Array<() => void> = [];
+  let lookups = 0;
   before(async () => {
     server = createServer((_request, response) => response.end('ok'));
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
     port = (server.address() as AddressInfo).port;
+    const answer = (family: 4 | 6) => async (name: string): Promise<string[]> => {
+      if (name === 'never-answers.example') return new Promise<string[]>(() => {});
+      if (name === 'hooks.example') {
+        if (family === 4) return ['127.0.0.1'];
+        throw Object.assign(new Error('queryAaaa ENODATA'), { code: 'ENODATA' });
+      }
+      throw Object.assign(new Error('queryA ENOTFOUND'), { code: 'ENOTFOUND' });
+    };
+    mock.method(Resolver.prototype, 'resolve4', answer(4));
+    mock.method(Resolver.prototype, 'resolve6', answer(6));
     const lookup = dns.lookup;
     mock.method(dns, 'lookup', (...args: Parameters<typeof dns.lookup>) => {
-      if (args[0] !== 'never-answers.example') return (lookup as (...a: unknown[]) => void)(...args);
-      const callback = args.at(-1) as unknown as (error: NodeJS.ErrnoException | null, addresses: dns.LookupAddress[]) => void;
-      held.push(() => callback(Object.assign(new Error('getaddrinfo EAI_AGAIN'), { code: 'EAI_AGAIN' }), []));
+      lookups += 1;
+      return (lookup as (...a: unknown[]) => void)(...args);
     });
-    // The guard imports `lookup` by name: its binding follows the module's property only once synced.
     syncBuiltinESMExports();
   });
   after(async () => {
@@ -43,17 +53,21 @@ describe('outbound name lookups', () => {
     return error;
   };
 
-  test('a lookup that never answers holds its slot past its deadline; others wait their turn, within their own', async () => {
-    assert.equal((await call('localhost', 2_000)).status, 200, 'a name resolves as usual');
-    const stuck = await failure(call('never-answers.example', 100));
-    assert.equal(stuck.reason, 'timeout');
-    assert.equal(held.length, 1, 'getaddrinfo is still running');
-    const queued = await failure(call('localhost', 150));
-    assert.equal(queued.reason, 'timeout');
-    assert.match(queued.message, /waited for other lookups/);
-    const waiting = call('localhost', 2_000);
-    held.shift()!(); // the system resolver gives up at last: the slot comes back
-    assert.equal((await waiting).status, 200, 'the next lookup runs once the slot is free');
-    assert.equal((await call('127.0.0.1', 2_000)).status, 200, 'an address literal needs no lookup');
+  test('a name whose DNS never answers fails at the call\'s deadline and holds up no other call', async () => {
+    const startedMs = performance.now();
+    const stuck = [call('never-answers.example', 300), call('never-answers.example', 300), call('never-answers.example', 300)];
+    const meanwhile = await call('hooks.example', 2_000);
+    assert.equal(meanwhile.status, 200, 'another name resolves while those wait');
+    assert.ok(performance.now() - startedMs < 250, 'at once, not after the stuck ones');
+    for (const error of await Promise.all(stuck.map(failure))) {
+      assert.equal(error.reason, 'timeout');
+      assert.match(error.message, /deadline/);
+    }
+    const unknown = await failure(call('unknown.example', 2_000));
+    assert.equal(unknown.reason, 'network');
+    assert.match(unknown.message, /did not resolve \(ENOTFOUND\)/);
+    assert.equal((await call('localhost', 2_000)).status, 200, 'localhost is loopback without asking DNS');
+    assert.equal((await call('127.0.0.1', 2_000)).status, 200, 'an address literal needs no resolution');
+    assert.equal(lookups, 0, 'getaddrinfo (dns.lookup) is never used');
   });
 });

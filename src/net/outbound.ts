@@ -10,13 +10,13 @@
  * reused only by calls whose vetted addresses are the very same (`poolFor`), through undici's
  * client (a third of node:http's CPU per call: docs/webhooks.md "The sending thread").
  */
-import { lookup as dnsLookup, type LookupAddress } from 'node:dns';
+import type { LookupAddress } from 'node:dns';
+import { Resolver } from 'node:dns/promises';
 import { EventEmitter } from 'node:events';
 import type { IncomingHttpHeaders } from 'node:http';
 import { BlockList, isIP, type LookupFunction } from 'node:net';
 import { Pool, type Dispatcher } from 'undici';
 import { ServiceError } from '../errors/errors.ts';
-import { Slots } from './slots.ts';
 
 /** Browsers and proxies commonly cap URLs near here; a longer one is a mistake or an attack. */
 export const OUTBOUND_URL_LENGTH_MAX = 2048;
@@ -203,42 +203,41 @@ export interface OutboundResponse {
   latencyMs: number;
 }
 
-/**
- * Name lookups of outbound calls in flight at once, per thread. `dns.lookup` (getaddrinfo) runs
- * on libuv's pool of 4 threads, which the whole process shares (file writes, the validator's
- * snapshots, other lookups), and it cannot be cancelled: a name whose DNS server never answers
- * holds a pool thread until the system resolver gives up, whatever the call's deadline. Names
- * are chosen by tenants (webhook URLs, escrow output URLs), so with one lookup per thread (the
- * event loop's and the webhook sending thread's) they can hold at most two of the four.
- */
-const lookupSlots = new Slots(1);
+/** RFC 6761: `localhost` and names under it are loopback, answered without asking DNS. */
+const LOOPBACK: readonly LookupAddress[] = [{ address: '127.0.0.1', family: 4 }, { address: '::1', family: 6 }];
 
 /**
- * dns.lookup of every address of a name, or an OutboundError. Waits its turn for a lookup slot
- * within the deadline; the slot is given back when getaddrinfo answers, however late, and a late
- * answer is otherwise ignored.
+ * Every address of a name (IPv4 first), or an OutboundError. Asked of DNS through c-ares
+ * (`dns.promises.Resolver`), not `dns.lookup`: getaddrinfo runs on libuv's pool of 4 threads,
+ * which the whole process shares (file writes such as the validator's snapshots), and cannot be
+ * cancelled, so names a tenant chooses whose DNS never answers could hold that pool past any
+ * deadline. A c-ares query takes no pool thread and is cancelled at the deadline. c-ares reads
+ * no /etc/hosts: localhost names are answered here, anything else must be in DNS.
  */
 async function resolveAll(host: string, timeoutMs: number): Promise<LookupAddress[]> {
-  const startedMs = performance.now();
-  if (!(await lookupSlots.acquire(timeoutMs))) {
-    throw new OutboundError('timeout', `resolving ${host} waited for other lookups longer than the call's deadline`);
-  }
-  const remainingMs = timeoutMs - (performance.now() - startedMs);
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new OutboundError('timeout', `resolving ${host} took longer than the call's deadline`)), remainingMs);
-    try {
-      dnsLookup(host, { all: true, verbatim: true }, (error, addresses) => {
-        lookupSlots.release();
-        clearTimeout(timer);
-        if (error || !addresses.length) reject(new OutboundError('network', `${host} did not resolve (${error?.code ?? 'no address'})`));
-        else resolve(addresses);
-      });
-    } catch (error) {
-      lookupSlots.release();
-      clearTimeout(timer);
-      reject(new OutboundError('network', `${host} could not be looked up (${(error as Error).message})`));
-    }
+  const name = host.toLowerCase();
+  if (name === 'localhost' || name.endsWith('.localhost')) return [...LOOPBACK];
+  const resolver = new Resolver({ timeout: Math.max(1, Math.ceil(timeoutMs)), tries: 1 });
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => {
+      resolver.cancel();
+      reject(new OutboundError('timeout', `resolving ${host} took longer than the call's deadline`));
+    }, timeoutMs);
   });
+  try {
+    const [v4, v6] = await Promise.race([Promise.allSettled([resolver.resolve4(name), resolver.resolve6(name)]), deadline]);
+    const addresses = [
+      ...(v4.status === 'fulfilled' ? v4.value.map((address) => ({ address, family: 4 })) : []),
+      ...(v6.status === 'fulfilled' ? v6.value.map((address) => ({ address, family: 6 })) : []),
+    ];
+    if (addresses.length > 0) return addresses;
+    const codes = [v4, v6].map((settled) => (settled.status === 'rejected' ? (settled.reason as NodeJS.ErrnoException).code : 'ENODATA'));
+    if (codes.includes('ETIMEOUT')) throw new OutboundError('timeout', `resolving ${host} timed out`);
+    throw new OutboundError('network', `${host} did not resolve (${codes.find((code) => code !== 'ENODATA') ?? 'no address'})`);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** A `lookup` for net.connect that answers only with addresses vetted beforehand. */

@@ -1,11 +1,11 @@
 /**
- * A batch of attempts resolves each URL's host name once: the resolver (node:dns `lookup`, which
- * the guard calls) is counted while it answers as usual, and a batch of many attempts to two
- * URLs on one receiver asks it once per URL; the next batch asks again.
+ * A batch of attempts resolves each URL's host name once: the resolver (c-ares queries through
+ * `dns.promises.Resolver`, which the guard calls) is counted, answering 127.0.0.1 for a test
+ * name (no network here), and a batch of many attempts to two URLs on one receiver asks it once
+ * per URL; the next batch asks again.
  */
 import assert from 'node:assert/strict';
-import dns from 'node:dns';
-import { syncBuiltinESMExports } from 'node:module';
+import { Resolver } from 'node:dns/promises';
 import { after, before, describe, mock, test } from 'node:test';
 import { ManualClock } from '../clock/clock.ts';
 import { sendAttempts, type AttemptRequest } from './attempt.ts';
@@ -18,17 +18,16 @@ describe('sendAttempts', () => {
     receiver = await startReceiver();
     receiver.secret = null;
     receiver.reply = () => ({ status: 204 });
-    const lookup = dns.lookup;
-    mock.method(dns, 'lookup', (...args: Parameters<typeof dns.lookup>) => {
-      asked.push(String(args[0]));
-      return (lookup as (...a: unknown[]) => void)(...args);
+    mock.method(Resolver.prototype, 'resolve4', async (name: string) => {
+      asked.push(name);
+      return ['127.0.0.1'];
     });
-    // The guard imports `lookup` by name: its binding follows the module's property only once synced.
-    syncBuiltinESMExports();
+    mock.method(Resolver.prototype, 'resolve6', async () => {
+      throw Object.assign(new Error('queryAaaa ENODATA'), { code: 'ENODATA' });
+    });
   });
   after(async () => {
     mock.restoreAll();
-    syncBuiltinESMExports();
     await receiver.close();
   });
 
@@ -38,14 +37,14 @@ describe('sendAttempts', () => {
 
   test('resolves each URL\'s host name once per batch, however many attempts go to it', async () => {
     // Two webhooks' URLs on one receiver (the second spells its name with the root's dot).
-    const urls = [receiver.url('/a', 'localhost'), receiver.url('/b', 'localhost.')];
+    const urls = [receiver.url('/a', 'hooks.example'), receiver.url('/b', 'hooks.example.')];
     const batch = Array.from({ length: 12 }, (_, n) => request(urls[n % 2]!, n));
     const clock = new ManualClock(Date.now());
 
     const sent = await sendAttempts(batch, { allowPrivate: true, concurrency: 4 }, clock);
     assert.deepEqual(sent.map((s) => s.result.statusCode), batch.map(() => 204), 'every attempt reached the receiver');
     assert.equal(receiver.received.length, 12);
-    assert.deepEqual(asked, ['localhost', 'localhost'], 'one resolution per URL for the whole batch');
+    assert.deepEqual(asked, ['hooks.example', 'hooks.example'], 'one resolution per URL for the whole batch');
 
     await sendAttempts(batch.slice(0, 3), { allowPrivate: true, concurrency: 3 }, clock);
     assert.equal(asked.length, 4, 'the next batch resolves its two URLs again');
