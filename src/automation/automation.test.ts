@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
+import { largeTransactionAlerts } from './automation.ts';
 
 describe('events, wallet states and automation', () => {
   let t: TestService;
@@ -205,30 +206,41 @@ describe('events, wallet states and automation', () => {
     });
     assert.equal((await setThreshold(t.adminKey, '5')).status, 200);
     assert.equal((await setThreshold(other.adminKey, '1')).status, 200);
-    const ours = await fundedWallet(t, '40');
-    const theirs = await fundedWallet(t, '40', 'pol_permissive', other.adminKey);
-    const recipient = await newRecipient();
-    const payFrom = (key: string, walletId: string, amount: string) => t.request('POST', '/v1/payments', {
-      key, body: { walletId, to: recipient, amount, currency: 'USDC', waitForConfirmation: false },
-    });
-    // 3 USDC is large for the other organisation only; 6 USDC is large for both.
-    const answers = await Promise.all([
-      ...Array.from({ length: 4 }, () => payFrom(t.adminKey, ours.wallet_id, '3')),
-      ...Array.from({ length: 4 }, () => payFrom(other.adminKey, theirs.wallet_id, '3')),
-      payFrom(t.adminKey, ours.wallet_id, '6'), payFrom(other.adminKey, theirs.wallet_id, '6'),
-    ]);
-    assert.deepEqual(answers.map((a) => a.status), Array(10).fill(200), JSON.stringify(answers.map((a) => a.body)));
-    const alerts = async (key: string, walletId: string) => {
-      const confirmed = async () => (await t.request('GET', `/v1/wallets/${walletId}/transactions?status=confirmed&type=payment&limit=100`, { key })).body.data.length;
-      for (let i = 0; i < 200 && await confirmed() < 5; i++) await new Promise((resolve) => setTimeout(resolve, 20));
-      assert.equal(await confirmed(), 5, 'all five payments confirmed');
-      return ((await t.request('GET', `/v1/events?type=alert.raised&walletId=${walletId}&limit=100`, { key })).body.data as Array<{
-        details: { alert: string; amount: string; threshold: string };
-      }>).filter((e) => e.details.alert === 'large_transaction').map((e) => `${e.details.amount} > ${e.details.threshold}`).sort();
-    };
-    assert.deepEqual(await alerts(t.adminKey, ours.wallet_id), ['6.00 > 5.00']);
-    assert.deepEqual(await alerts(other.adminKey, theirs.wallet_id), [...Array(4).fill('3.00 > 1.00'), '6.00 > 1.00'].sort());
-    await t.request('PUT', '/v1/alerts', { body: { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: null } });
+    try {
+      const ours = await fundedWallet(t, '40');
+      const theirs = await fundedWallet(t, '40', 'pol_permissive', other.adminKey);
+      const recipient = await newRecipient();
+      const payFrom = (key: string, walletId: string, amount: string) => t.request('POST', '/v1/payments', {
+        key, body: { walletId, to: recipient, amount, currency: 'USDC', waitForConfirmation: false },
+      });
+      // 3 USDC is large for the other organisation only; 6 USDC is large for both.
+      const answers = await Promise.all([
+        ...Array.from({ length: 4 }, () => payFrom(t.adminKey, ours.wallet_id, '3')),
+        ...Array.from({ length: 4 }, () => payFrom(other.adminKey, theirs.wallet_id, '3')),
+        payFrom(t.adminKey, ours.wallet_id, '6'), payFrom(other.adminKey, theirs.wallet_id, '6'),
+      ]);
+      assert.deepEqual(answers.map((a) => a.status), Array(10).fill(200), JSON.stringify(answers.map((a) => a.body)));
+      const alerts = async (key: string, walletId: string) => {
+        const confirmed = async () => (await t.request('GET', `/v1/wallets/${walletId}/transactions?status=confirmed&type=payment&limit=100`, { key })).body.data.length;
+        for (let i = 0; i < 200 && await confirmed() < 5; i++) await new Promise((resolve) => setTimeout(resolve, 20));
+        assert.equal(await confirmed(), 5, 'all five payments confirmed');
+        return ((await t.request('GET', `/v1/events?type=alert.raised&walletId=${walletId}&limit=100`, { key })).body.data as Array<{
+          details: { alert: string; amount: string; threshold: string };
+        }>).filter((e) => e.details.alert === 'large_transaction').map((e) => `${e.details.amount} > ${e.details.threshold}`).sort();
+      };
+      assert.deepEqual(await alerts(t.adminKey, ours.wallet_id), ['6.00 > 5.00']);
+      assert.deepEqual(await alerts(other.adminKey, theirs.wallet_id), [...Array(4).fill('3.00 > 1.00'), '6.00 > 1.00'].sort());
+
+      // The same through one call, as a settlement batch of both organisations makes it.
+      const row = (orgId: string, id: string, amount: bigint) => ({ org_id: orgId, wallet_id: 'wal_x', id, amount });
+      const raised = await largeTransactionAlerts(t.service.ctx.db, [
+        row(t.orgId, 'tx_a', 3_000_000n), row(other.orgId, 'tx_b', 3_000_000n), row(t.orgId, 'tx_c', 6_000_000n), row('org_none', 'tx_d', 9_000_000n),
+      ]);
+      assert.deepEqual(raised.map((e) => [e.orgId, e.payload.tx_id, e.payload.threshold]),
+        [[other.orgId, 'tx_b', '1.00'], [t.orgId, 'tx_c', '5.00']], 'each organisation\'s own threshold; none without settings');
+    } finally {
+      await t.request('PUT', '/v1/alerts', { body: { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: null } });
+    }
   });
 
   test('alerts: settings read back; large transaction, velocity spike, inactivity and policy violation raise alert.raised once', async () => {

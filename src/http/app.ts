@@ -44,6 +44,8 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
         allErrors: false,
         useDefaults: true,
         // An error names the schema that failed, so that a field may carry its own code (fields.ts).
+        // It then also carries the offending data (up to the whole body): toServiceError keeps
+        // neither, and validation errors must not be logged whole.
         verbose: true,
         keywords: [ERROR_CODE_KEYWORD],
       },
