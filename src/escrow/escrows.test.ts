@@ -13,7 +13,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { signWithSessionToken } from '../wallets/session-token.ts';
-import { encodeAttestation, sha256Of } from './proofs.ts';
+import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
 
 const OUTPUT = 'the finished report\n';
 const OUTPUT_HASH = sha256Of(OUTPUT);
@@ -258,7 +258,9 @@ describe('escrow', () => {
     await assertConserved();
   });
 
-  test('outputs are fetched at most 2 at once per organisation and 4 per process: a completion beyond is 503, to retry, and changes nothing', async () => {
+  test(`outputs are fetched at most ${OUTPUT_FETCHES_PER_ORG_MAX} at once per organisation and ${OUTPUT_FETCHES_MAX} per process: a completion beyond is 503, to retry, and changes nothing`, async () => {
+    assert.equal(OUTPUT_FETCHES_MAX, 2 * OUTPUT_FETCHES_PER_ORG_MAX, 'two organisations fill the process');
+    const perOrg = OUTPUT_FETCHES_PER_ORG_MAX;
     const orgs = [{ key: t.adminKey }, { key: (await t.createOrganization('Fetcher B')).adminKey }, { key: (await t.createOrganization('Fetcher C')).adminKey }];
     const escrowsOf = async (key: string, n: number) => {
       const from = await fundedWallet(t, '10', 'pol_permissive', key);
@@ -267,7 +269,7 @@ describe('escrow', () => {
       for (let i = 0; i < n; i += 1) ids.push((await open(from, to.wallet_id, { amount: '1' }, key)).body.escrow_id as string);
       return ids;
     };
-    const [a, b, c] = [await escrowsOf(orgs[0]!.key, 3), await escrowsOf(orgs[1]!.key, 2), await escrowsOf(orgs[2]!.key, 1)];
+    const [a, b, c] = [await escrowsOf(orgs[0]!.key, perOrg + 1), await escrowsOf(orgs[1]!.key, perOrg), await escrowsOf(orgs[2]!.key, 1)];
     const complete = (key: string, escrowId: string) => t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, {
       key, body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
     });
@@ -282,15 +284,15 @@ describe('escrow', () => {
       assert.match(answer.body.error.message, message);
       assert.equal((await t.request('GET', `/v1/payments/a2a/${escrowId}`, { key })).body.status, 'locked', 'unchanged');
     };
-    const held = [complete(orgs[0]!.key, a[0]!), complete(orgs[0]!.key, a[1]!)];
-    await fetching(2);
-    await refused(orgs[0]!.key, a[2]!, /this organisation/);
-    held.push(complete(orgs[1]!.key, b[0]!), complete(orgs[1]!.key, b[1]!));
-    await fetching(4);
-    await refused(orgs[2]!.key, c[0]!, /4 escrow outputs/);
+    const held = a.slice(0, perOrg).map((id) => complete(orgs[0]!.key, id));
+    await fetching(perOrg);
+    await refused(orgs[0]!.key, a[perOrg]!, /this organisation/);
+    held.push(...b.map((id) => complete(orgs[1]!.key, id)));
+    await fetching(OUTPUT_FETCHES_MAX);
+    await refused(orgs[2]!.key, c[0]!, new RegExp(`${OUTPUT_FETCHES_MAX} escrow outputs`));
     while (slowResponses.length) slowResponses.shift()!();
     for (const answer of await Promise.all(held)) assert.equal(answer.body.status, 'released', JSON.stringify(answer.body));
-    for (const [key, escrowId] of [[orgs[0]!.key, a[2]!], [orgs[2]!.key, c[0]!]] as const) {
+    for (const [key, escrowId] of [[orgs[0]!.key, a[perOrg]!], [orgs[2]!.key, c[0]!]] as const) {
       const retried = complete(key, escrowId);
       await fetching(1);
       slowResponses.shift()!();
@@ -376,9 +378,11 @@ describe('escrow', () => {
     const to = await fundedWallet(t, '0.5');
     for (let round = 0; round < 3; round += 1) {
       const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
+      // Two completes and four disputes (completes beyond the outputs an organisation may fetch at
+      // once, OUTPUT_FETCHES_PER_ORG_MAX, would be 503 rather than racing).
       const responses = await Promise.all(Array.from({ length: 6 }, (_, i) => t.request('POST',
-        `/v1/payments/a2a/${created.escrow_id}/${i % 2 ? 'dispute' : 'complete'}`,
-        { body: i % 2 ? { reason: 'race' } : { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } })));
+        `/v1/payments/a2a/${created.escrow_id}/${i % 3 ? 'dispute' : 'complete'}`,
+        { body: i % 3 ? { reason: 'race' } : { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } })));
       const winners = responses.filter((r) => r.status === 200);
       assert.equal(winners.length, 1, `exactly one move wins: ${responses.map((r) => r.status)}`);
       assert.deepEqual([...new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code))], ['escrow_already_settled']);

@@ -33,8 +33,8 @@ export const PROOF_MAX_CHARS = 8_192;
  * escrows of one requesting organisation, so that one tenant cannot take them all; a completion
  * beyond either is answered 503 at once, to retry, rather than queued.
  */
-export const OUTPUT_FETCHES_MAX = 4;
-export const OUTPUT_FETCHES_PER_ORG_MAX = 2;
+export const OUTPUT_FETCHES_MAX = 8;
+export const OUTPUT_FETCHES_PER_ORG_MAX = 4;
 const outputFetchSlots = new Slots(OUTPUT_FETCHES_MAX);
 const outputFetchesByOrg = new Map<string, number>();
 
