@@ -8,6 +8,7 @@ import { ROLES, type Role } from '../auth/api-keys.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
+import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import { insertApiKey } from '../organizations/organizations.ts';
 import { forgetApiKey } from '../http/auth.ts';
 
@@ -86,11 +87,25 @@ function assertNewKey(input: { name: string; role: string }): asserts input is {
   }
 }
 
+/**
+ * Creates a key. `max`: the keys the organisation may have that are not revoked (the API's
+ * AGENT_VAULT_API_KEYS_PER_ORG_MAX); the operator's CLI passes none, so that a key can always be
+ * made for an organisation that lost its admin key.
+ */
 export async function createApiKey(
-  db: Queryable, nowMs: number, orgId: string, input: { name: string; role: string },
+  db: Database, nowMs: number, orgId: string, input: { name: string; role: string }, options: { max?: number } = {},
 ): Promise<{ row: ApiKeyRow; key: string }> {
   assertNewKey(input);
-  const created = await insertApiKey(db, nowMs, orgId, input.role, input.name);
+  const created = await db.transaction(async (tx) => {
+    if (options.max !== undefined) {
+      await lockOrganization(tx, orgId);
+      await assertBelowCount(tx, orgId, {
+        noun: 'API keys not revoked', countSql: 'SELECT count(*)::int AS n FROM api_keys WHERE org_id = $1 AND revoked_at IS NULL',
+        max: options.max, advice: 'revoke keys no longer used, or ask the operator (AGENT_VAULT_API_KEYS_PER_ORG_MAX).',
+      });
+    }
+    return insertApiKey(tx, nowMs, orgId, input.role, input.name);
+  });
   return { row: await getApiKey(db, orgId, created.id), key: created.key };
 }
 

@@ -24,7 +24,7 @@ export function apiKeyRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const { orgId } = principalOf(request);
-    return createdApiKeyView(await createApiKey(ctx.db, ctx.clock.nowMs(), orgId, request.body));
+    return createdApiKeyView(await createApiKey(ctx.db, ctx.clock.nowMs(), orgId, request.body, { max: ctx.config.apiKeysPerOrgMax }));
   });
 
   app.get('/v1/api-keys', {

@@ -21,6 +21,10 @@ export interface Config {
   docsUrl: string;
   /** requests per minute per API key */
   rateLimitPerMinute: number;
+  /** vaults an organisation may have that are not archived (each is a chain account) */
+  walletsPerOrgMax: number;
+  /** API keys an organisation may have that are not revoked (each has its own rate limit) */
+  apiKeysPerOrgMax: number;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** the operator's 64-byte secret key (JSON array or base58); null = generated into dataDir */
   operatorKey: string | null;
@@ -121,6 +125,8 @@ export function loadConfig(env: Env = process.env): Config {
       ?? `http://${host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host.includes(':') ? `[${host}]` : host}:${port}/docs`).replace(/\/$/, ''),
     logLevel: logLevel as Config['logLevel'],
     rateLimitPerMinute: integer(env, 'AGENT_VAULT_RATE_LIMIT_PER_MINUTE', 1200, 1, 1_000_000),
+    walletsPerOrgMax: integer(env, 'AGENT_VAULT_WALLETS_PER_ORG_MAX', 10_000, 1, 10_000_000),
+    apiKeysPerOrgMax: integer(env, 'AGENT_VAULT_API_KEYS_PER_ORG_MAX', 1_000, 1, 1_000_000),
     operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),
     programId,
     usdcMint,

@@ -13,6 +13,7 @@ import { address } from '@solana/kit';
 import type { Queryable } from '../db/database.ts';
 import { invalidRequest, ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
+import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
@@ -245,14 +246,23 @@ export interface CreateWalletInput {
   tags: string[];
 }
 
-type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
 
 export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletInput, mark?: RecordMarker): Promise<WalletWithPolicy> {
   const nowMs = ctx.clock.nowMs();
   const tags = normaliseTags(input.tags);
   const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, input.agentId);
   const walletId = await ctx.db.transaction(async (tx) => {
+    await lockOrganization(tx, orgId);
     await assertPolicyUsable(tx, orgId, input.policyId, nowMs);
+    const known = await tx.query('SELECT 1 FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
+    if (known.length === 0) {
+      await assertBelowCount(tx, orgId, {
+        noun: 'vaults not archived', countSql: `SELECT count(*)::int AS n FROM wallets WHERE org_id = $1 AND status <> 'archived'`,
+        max: ctx.config.walletsPerOrgMax,
+        advice: 'archive vaults no longer used (their balance must be zero), or ask the operator (AGENT_VAULT_WALLETS_PER_ORG_MAX).',
+      });
+    }
     const inserted = await tx.query<{ id: string }>(
       `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, created_at, updated_at)
        VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9, $9) ON CONFLICT (org_id, agent_id) DO NOTHING RETURNING id`,

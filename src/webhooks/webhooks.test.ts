@@ -227,7 +227,7 @@ describe('webhooks API', () => {
     const refused = made.find((r) => r.status !== 200)!;
     assert.equal(refused.status, 400);
     assert.equal(refused.body.error.code, 'invalid_request');
-    assert.match(refused.body.error.message, /at most 20 webhooks/);
+    assert.match(refused.body.error.message, /limit of 20 webhooks/);
     const one = made.find((r) => r.status === 200)!.body.webhook_id;
     await t.request('DELETE', `/v1/webhooks/${one}`, { key: org.adminKey });
     assert.equal((await create({ url: 'https://hooks.example.com/again', events: '*' }, org.adminKey)).status, 200, 'a deletion frees a place');

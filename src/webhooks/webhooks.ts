@@ -15,6 +15,7 @@ import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { assertPublicUrl } from '../net/outbound.ts';
+import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 
 /** Enough for one endpoint per event type and per environment; more is a mistake or abuse. */
 export const WEBHOOKS_PER_ORG_MAX = 20;
@@ -142,12 +143,11 @@ export async function createWebhook(db: Database, nowMs: number, orgId: string, 
   const url = assertPublicUrl(input.url, { allowPrivate: policy.allowPrivateUrls, param: 'url' }).href;
   const events = normaliseSubscriptions(input.events);
   return db.transaction(async (tx) => {
-    await tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
-    const [count] = await tx.query<{ n: number }>('SELECT count(*)::int AS n FROM webhooks WHERE org_id = $1', [orgId]);
-    if (count!.n >= WEBHOOKS_PER_ORG_MAX) {
-      throw new ServiceError('invalid_request',
-        `An organisation has at most ${WEBHOOKS_PER_ORG_MAX} webhooks: delete one, or subscribe an existing one to more events.`);
-    }
+    await lockOrganization(tx, orgId);
+    await assertBelowCount(tx, orgId, {
+      noun: 'webhooks', countSql: 'SELECT count(*)::int AS n FROM webhooks WHERE org_id = $1', max: WEBHOOKS_PER_ORG_MAX,
+      advice: 'delete one, or subscribe an existing one to more events.',
+    });
     const now = new Date(nowMs);
     const rows = await tx.query<WebhookRow>(
       `INSERT INTO webhooks (id, org_id, url, events, status, signing_secret, created_at, updated_at)

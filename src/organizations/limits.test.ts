@@ -1,0 +1,59 @@
+/**
+ * How many vaults and API keys an organisation may have (AGENT_VAULT_WALLETS_PER_ORG_MAX,
+ * AGENT_VAULT_API_KEYS_PER_ORG_MAX; here 3 of each): the next creation is refused and creates
+ * nothing; archiving or revoking makes room; creations side by side never go over; another
+ * organisation has its own count.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { startTestService, type TestService } from '../../test/harness.ts';
+
+describe('counts per organisation', () => {
+  let t: TestService;
+  before(async () => {
+    t = await startTestService({ env: { AGENT_VAULT_WALLETS_PER_ORG_MAX: '3', AGENT_VAULT_API_KEYS_PER_ORG_MAX: '3' } });
+  });
+  after(async () => { await t.close(); });
+
+  const countOf = async (sql: string, orgId: string) => (await t.service.ctx.db.query<{ n: number }>(sql, [orgId]))[0]!.n;
+
+  test('vaults: the one over the limit is refused; creations side by side stop at it; archiving makes room', async () => {
+    const org = await t.createOrganization('Vault hoarder');
+    const create = (agentId: string) => t.request('POST', '/v1/wallets', {
+      key: org.adminKey, body: { agentId, label: 'Agent', policyId: 'pol_permissive' },
+    });
+    const answers = await Promise.all(['a1', 'a2', 'a3', 'a4', 'a5'].map(create));
+    assert.deepEqual(answers.map((a) => a.status).sort(), [200, 200, 200, 400, 400], JSON.stringify(answers.map((a) => a.body)));
+    const refused = answers.find((a) => a.status === 400)!;
+    assert.equal(refused.body.error.code, 'invalid_request');
+    assert.match(refused.body.error.message, /limit of 3 vaults not archived/);
+    const countWallets = () => countOf('SELECT count(*)::int AS n FROM wallets WHERE org_id = $1', org.orgId);
+    assert.equal(await countWallets(), 3, 'nothing created by the refused ones');
+    const made = answers.filter((a) => a.status === 200).map((a) => a.body as { wallet_id: string; agent_id: string });
+    const again = await create(made[0]!.agent_id);
+    assert.equal(again.body.error.code, 'wallet_agent_id_conflict', 'an existing agent is told so, not about the limit');
+    assert.equal((await t.request('DELETE', `/v1/wallets/${made[0]!.wallet_id}`, { key: org.adminKey })).status, 200);
+    assert.equal((await create('a6')).status, 200, 'an archived vault leaves room');
+    assert.equal((await create('a7')).status, 400);
+    assert.equal((await t.request('POST', '/v1/wallets', { body: { agentId: `other-${process.pid}`, label: 'Agent', policyId: 'pol_permissive' } })).status, 200,
+      'another organisation counts its own');
+  });
+
+  test('API keys: the one over the limit is refused; revoking makes room; the operator\'s command is not limited', async () => {
+    const org = await t.createOrganization('Key hoarder');
+    const create = () => t.request('POST', '/v1/api-keys', { key: org.adminKey, body: { name: 'agent', role: 'agent' } });
+    const first = await create();
+    const second = await create();
+    assert.deepEqual([first.status, second.status], [200, 200], 'with the admin key, three');
+    const over = await create();
+    assert.equal(over.status, 400, JSON.stringify(over.body));
+    assert.match(over.body.error.message, /limit of 3 API keys not revoked/);
+    const keys = () => countOf('SELECT count(*)::int AS n FROM api_keys WHERE org_id = $1', org.orgId);
+    assert.equal(await keys(), 3);
+    assert.equal((await t.request('DELETE', `/v1/api-keys/${first.body.api_key_id}`, { key: org.adminKey })).status, 200);
+    assert.equal((await create()).status, 200, 'a revoked key leaves room');
+    const { createKeyCommand } = await import('../api-keys/command.ts');
+    await createKeyCommand({ db: t.service.ctx.db, clock: t.service.ctx.clock }, { role: 'admin', org: org.orgId });
+    assert.equal(await keys(), 5, 'the operator can always add a key');
+  });
+});
