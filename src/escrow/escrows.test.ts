@@ -307,6 +307,8 @@ describe('escrow', () => {
     const refused = await open(from, to.wallet_id);
     assert.equal(refused.status, 402);
     assert.deepEqual(refused.body.error.violation, { rule: 'max_per_tx', limit: '3.00', attempted: '4.00' });
+    assert.equal(refused.body.error.wallet_id, from.wallet_id, 'like a payment\'s: the vault and its policy');
+    assert.equal(refused.body.error.policy_id, policyId);
     const record = await t.request('GET', `/v1/transactions/${refused.body.error.tx_id}`);
     assert.equal(record.body.type, 'a2a_send');
     assert.equal(record.body.status, 'blocked');
@@ -364,6 +366,11 @@ describe('escrow', () => {
     });
     assert.equal(done.body.status, 'released', JSON.stringify(done.body));
     assert.equal(await balanceOf(t, theirs.body.wallet_id, otherKey), '4.00');
+    const theirEvents = (await t.request('GET', `/v1/events?walletId=${theirs.body.wallet_id}&limit=100`, { key: otherKey })).body.data as Array<{
+      type: string; details: { escrow_id?: string };
+    }>;
+    assert.deepEqual(theirEvents.filter((e) => e.details.escrow_id === created.escrow_id).map((e) => e.type).reverse(),
+      ['escrow.created', 'escrow.completed', 'escrow.released'], 'the receiving organisation sees every escrow event, completion included');
     const received = await t.request('GET', `/v1/wallets/${theirs.body.wallet_id}/transactions`, { key: otherKey });
     assert.deepEqual(received.body.data.map((row: { type: string }) => row.type), ['a2a_receive']);
     const external = await newRecipient();

@@ -291,14 +291,11 @@ export async function completeEscrow(
          proof_type = $4, output_url = $5, completed_at = $6, updated_at = $6 WHERE id = $1`,
       [escrowId, prepared.signature, prepared.lastValidBlockHeight, proof.proofType, proof.outputUrl, new Date(nowMs)]);
     await recordPayout(tx, nowMs, escrow, prepared, escrow.amount, 0n);
-    await recordEvent(tx, nowMs, {
-      orgId: escrow.org_id, type: 'escrow.completed', walletId: escrow.from_wallet_id,
-      summary: `Escrow ${escrow.id}: completion proof (${proof.proofType}) verified; releasing ${formatUsdc(escrow.amount)} USDC`,
-      payload: {
+    await recordEscrowEvent(tx, nowMs, escrow, 'escrow.completed',
+      `Escrow ${escrow.id}: completion proof (${proof.proofType}) verified; releasing ${formatUsdc(escrow.amount)} USDC`, {
         escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
         proof_type: proof.proofType,
-      },
-    });
+      });
   });
   await submit(ctx, prepared, options.wait);
   return getEscrow(ctx.db, orgId, escrowId);
@@ -445,13 +442,8 @@ async function settleDispute(db: Database, nowMs: number, escrowId: string, sign
       escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
       reason: escrow.dispute!.reason, evidence: escrow.dispute!.evidence, raised_by_org: escrow.dispute!.raised_by_org,
     };
-    for (const orgId of new Set([escrow.org_id, escrow.receiver_org_id ?? escrow.org_id])) {
-      await recordEvent(tx, nowMs, {
-        orgId, type: 'escrow.disputed', walletId: orgId === escrow.org_id ? escrow.from_wallet_id : escrow.to_wallet_id,
-        summary: `Escrow ${escrow.id} of ${formatUsdc(escrow.amount)} USDC disputed: ${escrow.dispute!.reason.slice(0, 120)}`,
-        payload,
-      });
-    }
+    await recordEscrowEvent(tx, nowMs, escrow, 'escrow.disputed',
+      `Escrow ${escrow.id} of ${formatUsdc(escrow.amount)} USDC disputed: ${escrow.dispute!.reason.slice(0, 120)}`, payload);
   });
 }
 
@@ -566,18 +558,26 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
   return escrow;
 }
 
+/**
+ * An escrow event, written to both organisations when the receiver is a vault of another one
+ * (each with its own vault as the event's wallet).
+ */
+async function recordEscrowEvent(
+  tx: Queryable, nowMs: number, escrow: EscrowRow, type: EventType, summary: string, payload: Record<string, unknown>,
+): Promise<void> {
+  for (const orgId of new Set([escrow.org_id, escrow.receiver_org_id ?? escrow.org_id])) {
+    await recordEvent(tx, nowMs, {
+      orgId, type, walletId: orgId === escrow.org_id ? escrow.from_wallet_id : escrow.to_wallet_id, summary, payload,
+    });
+  }
+}
+
 async function writeClosingEvents(tx: Queryable, nowMs: number, escrow: EscrowRow, status: EscrowStatus, signature: string): Promise<void> {
   const base = {
     escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
     tx_signature: signature, timestamp: new Date(nowMs).toISOString(),
   };
-  const both = async (type: EventType, summary: string, payload: Record<string, unknown>) => {
-    for (const orgId of new Set([escrow.org_id, escrow.receiver_org_id ?? escrow.org_id])) {
-      await recordEvent(tx, nowMs, {
-        orgId, type, walletId: orgId === escrow.org_id ? escrow.from_wallet_id : escrow.to_wallet_id, summary, payload,
-      });
-    }
-  };
+  const both = (type: EventType, summary: string, payload: Record<string, unknown>) => recordEscrowEvent(tx, nowMs, escrow, type, summary, payload);
   if (escrow.closing === 'create') {
     await both('escrow.created', `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC locked for ${escrow.to_wallet}`,
       { ...base, expires_at: escrow.expires_at.toISOString(), task_hash: escrow.task_hash });

@@ -11,11 +11,12 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
+import type { Violation } from '../payments/policy-engine.ts';
 import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
-  completeEscrow, createEscrow, disputeEscrow, getEscrow, resolveEscrow, type EscrowOutcome, type EscrowRow,
+  completeEscrow, createEscrow, disputeEscrow, getEscrow, resolveEscrow, type EscrowRow,
 } from './escrows.ts';
 import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
 
@@ -127,12 +128,15 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     throw lastError;
   };
 
-  const answer = (outcome: EscrowOutcome) => {
-    if (outcome.violation) {
-      throw new ServiceError('policy_violation', `The escrow breaks the ${outcome.violation.rule} rule of the requesting vault's policy.`,
-        { violation: outcome.violation, tx_id: outcome.sendTxId });
+  /** An escrow, or the policy violation that refused it (as a payment's: with the vault and its policy). */
+  const answer = async (orgId: string, outcome: { escrow: EscrowRow | null; sendTxId: string }) => {
+    if (outcome.escrow === null) {
+      const blocked = await getTransaction(ctx.db, orgId, outcome.sendTxId);
+      const violation = blocked.violation as Violation;
+      throw new ServiceError('policy_violation', `The escrow breaks the ${violation.rule} rule of the requesting vault's policy.`,
+        { violation, wallet_id: blocked.wallet_id!, policy_id: blocked.policy_id!, tx_id: outcome.sendTxId });
     }
-    return { status: 200, body: escrowView(outcome.escrow!) };
+    return { status: 200, body: escrowView(outcome.escrow) };
   };
 
   app.post('/v1/payments/a2a', {
@@ -172,8 +176,8 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       operation: 'escrows.create', params: input, nowMs: ctx.clock.nowMs(),
       recover: async (id) => (id.startsWith('esc_')
         ? { status: 200, body: escrowView(await getEscrow(ctx.db, principal.orgId, id)) }
-        : answer({ escrow: null, violation: (await getTransaction(ctx.db, principal.orgId, id)).violation as EscrowOutcome['violation'], sendTxId: id })),
-    }, async (mark) => answer(await createEscrow(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark })));
+        : answer(principal.orgId, { escrow: null, sendTxId: id })),
+    }, async (mark) => answer(principal.orgId, await createEscrow(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark })));
     return sendIdempotent(reply, result);
   });
 
