@@ -213,6 +213,34 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('the service arbitrates: arbiter keys of the default organisation see and resolve disputes of any organisation; a party\'s own arbiter cannot', async () => {
+    const tenant = await t.createOrganization('Disputing tenant');
+    const from = await fundedWallet(t, '10', 'pol_permissive', tenant.adminKey);
+    const to = await fundedWallet(t, '0.5', 'pol_permissive', tenant.adminKey);
+    const disputed = (await open(from, to.wallet_id, {}, tenant.adminKey)).body;
+    const untouched = (await open(from, to.wallet_id, { amount: '1' }, tenant.adminKey)).body;
+    assert.equal((await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/dispute`, { key: tenant.adminKey, body: { reason: 'not delivered' } })).status, 200);
+    const theirArbiter = await t.createKey('arbiter', tenant.orgId);
+    const refused = await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/resolve`, { key: theirArbiter, body: { decision: 'refund' } });
+    assert.equal(refused.status, 403, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'insufficient_permissions');
+    assert.match(refused.body.error.message, /default organisation/);
+
+    const serviceArbiter = await t.createKey('arbiter');
+    assert.equal((await t.request('GET', `/v1/payments/a2a/${disputed.escrow_id}`, { key: serviceArbiter })).body.status, 'disputed');
+    const listed = (await t.request('GET', '/v1/payments/a2a?status=disputed&limit=100', { key: serviceArbiter })).body.data as Array<{ escrow_id: string }>;
+    assert.ok(listed.some((e) => e.escrow_id === disputed.escrow_id), 'listed among the disputes to decide');
+    assert.equal((await t.request('GET', `/v1/payments/a2a/${untouched.escrow_id}`, { key: serviceArbiter })).status, 404,
+      'another organisation\'s escrow that is not disputed stays its own');
+    assert.equal((await t.request('GET', `/v1/payments/a2a/${disputed.escrow_id}`)).status, 404, 'other roles of the service\'s organisation see nothing');
+    const decided = await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/resolve`, { key: serviceArbiter, body: { decision: 'refund' } });
+    assert.equal(decided.status, 200, JSON.stringify(decided.body));
+    assert.equal(decided.body.status, 'refunded');
+    assert.equal(await balanceOf(t, from.wallet_id, tenant.adminKey), '9.00', 'the 4.00 came back; 1.00 is still locked');
+    const events = (await t.request('GET', `/v1/events?type=escrow.refunded&limit=100`, { key: tenant.adminKey })).body.data as Array<{ details: { escrow_id: string } }>;
+    assert.ok(events.some((e) => e.details.escrow_id === disputed.escrow_id), 'the tenant is told');
+  });
+
   test('a dispute hands the escrow to an arbiter: release, refund or split, written on chain', async () => {
     const from = await fundedWallet(t, '30');
     const to = await fundedWallet(t, '0.5');

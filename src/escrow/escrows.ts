@@ -84,12 +84,27 @@ export function escrowNotFound(escrowId: string): ServiceError {
   return new ServiceError('escrow_not_found', `No escrow ${escrowId} involving your organisation.`, { param: 'escrow_id' });
 }
 
-/** An escrow the organisation takes part in, as requester or as receiver; others answer 404. */
-export async function getEscrow(q: Queryable, orgId: string, escrowId: string): Promise<EscrowRow> {
+/**
+ * An escrow the organisation takes part in, as requester or as receiver; others answer 404. The
+ * service's arbiters (`serviceArbiter`) see every disputed escrow too.
+ */
+export async function getEscrow(q: Queryable, orgId: string, escrowId: string, options: { serviceArbiter?: boolean } = {}): Promise<EscrowRow> {
   const [row] = await q.query<EscrowRow>(
-    'SELECT * FROM escrows WHERE id = $1 AND (org_id = $2 OR receiver_org_id = $2)', [escrowId, orgId]);
+    `SELECT * FROM escrows WHERE id = $1 AND (org_id = $2 OR receiver_org_id = $2${options.serviceArbiter ? ` OR status = 'disputed'` : ''})`,
+    [escrowId, orgId]);
   if (!row) throw escrowNotFound(escrowId);
   return row;
+}
+
+/**
+ * Disputes are decided by the service (SPEC: "beta: the service is arbiter"; DESIGN §7: the
+ * arbiter role is platform-level): by arbiter keys of its default organisation, the one that runs
+ * it, never by an organisation taking part, which would judge its own dispute.
+ */
+export async function isServiceArbiter(q: Queryable, principal: { orgId: string; role: string }): Promise<boolean> {
+  if (principal.role !== 'arbiter') return false;
+  const [org] = await q.query<{ is_default: boolean }>('SELECT is_default FROM organizations WHERE id = $1', [principal.orgId]);
+  return org?.is_default === true;
 }
 
 async function lockEscrow(tx: Queryable, orgId: string, escrowId: string): Promise<EscrowRow> {
@@ -472,12 +487,20 @@ export interface Resolution {
   toSender: bigint;
 }
 
-/** An arbiter settles a disputed escrow: all to the receiver, all back, or a split; written on chain. */
+/**
+ * The service's arbiter (`isServiceArbiter`) settles a disputed escrow of any organisation: all to
+ * the receiver, all back, or a split; written on chain.
+ */
 export async function resolveEscrow(
-  ctx: Ctx, orgId: string, keyId: string, escrowId: string, split: Resolution, options: { wait: boolean },
+  ctx: Ctx, arbiter: { orgId: string; role: string; keyId: string }, escrowId: string, split: Resolution, options: { wait: boolean },
 ): Promise<EscrowRow> {
-  const before = await getEscrow(ctx.db, orgId, escrowId);
-  if (before.org_id !== orgId) throw escrowNotFound(escrowId); // the requester's organisation arbitrates
+  if (!(await isServiceArbiter(ctx.db, arbiter))) {
+    throw new ServiceError('insufficient_permissions',
+      'Disputes are decided by the service: arbiter keys of its default organisation resolve them, not the organisations taking part.');
+  }
+  const keyId = arbiter.keyId;
+  const before = await getEscrow(ctx.db, arbiter.orgId, escrowId, { serviceArbiter: true });
+  const orgId = before.org_id;
   assertResolvable(before, split);
   const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [before.from_wallet_id]);
   const prepared = await ctx.chain.prepare([
