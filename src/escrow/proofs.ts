@@ -15,7 +15,6 @@ import { createHash } from 'node:crypto';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { fetchGuarded, OutboundError } from '../net/outbound.ts';
-import { Slots } from '../net/slots.ts';
 import { verifyCallbackProof } from '../verifiers/verifiers.ts';
 import { verifySessionSignature } from '../wallets/session-token.ts';
 
@@ -35,7 +34,7 @@ export const PROOF_MAX_CHARS = 8_192;
  */
 export const OUTPUT_FETCHES_MAX = 8;
 export const OUTPUT_FETCHES_PER_ORG_MAX = 4;
-const outputFetchSlots = new Slots(OUTPUT_FETCHES_MAX);
+let outputFetches = 0;
 const outputFetchesByOrg = new Map<string, number>();
 
 function takeOutputFetch(orgId: string): void {
@@ -44,14 +43,15 @@ function takeOutputFetch(orgId: string): void {
     throw new ServiceError('service_unavailable',
       `${OUTPUT_FETCHES_PER_ORG_MAX} outputs of this organisation's escrows are being fetched already; retry in a few seconds.`);
   }
-  if (!outputFetchSlots.tryAcquire()) {
+  if (outputFetches >= OUTPUT_FETCHES_MAX) {
     throw new ServiceError('service_unavailable', `${OUTPUT_FETCHES_MAX} escrow outputs are being fetched already; retry in a few seconds.`);
   }
+  outputFetches += 1;
   outputFetchesByOrg.set(orgId, ofOrg + 1);
 }
 
 function giveOutputFetch(orgId: string): void {
-  outputFetchSlots.release();
+  outputFetches -= 1;
   const left = (outputFetchesByOrg.get(orgId) ?? 1) - 1;
   if (left > 0) outputFetchesByOrg.set(orgId, left);
   else outputFetchesByOrg.delete(orgId);
@@ -104,21 +104,19 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
   if (input.outputUrl === null) {
     throw invalidProof('An output_hash proof needs outputUrl, where the service reads the output and hashes it: the hash alone proves no delivery.');
   }
-  {
-    let body: Buffer;
-    takeOutputFetch(escrow.org_id);
-    try {
-      const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
-      if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
-      body = response.body;
-    } catch (error) {
-      if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
-      throw error;
-    } finally {
-      giveOutputFetch(escrow.org_id);
-    }
-    if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
+  let body: Buffer;
+  takeOutputFetch(escrow.org_id);
+  try {
+    const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
+    if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
+    body = response.body;
+  } catch (error) {
+    if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
+    throw error;
+  } finally {
+    giveOutputFetch(escrow.org_id);
   }
+  if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
 }
 
 async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForProof, proof: string): Promise<void> {

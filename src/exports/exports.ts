@@ -8,6 +8,7 @@
  */
 import { Type } from 'typebox';
 import type { Database, Queryable } from '../db/database.ts';
+import { lockOrganization } from '../organizations/limits.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
 import type { Principal } from '../http/auth.ts';
@@ -230,9 +231,9 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
   }
   const estimatedReadyAt = new Date(nowMs + PICKUP_DELAY_MS + Math.ceil((rows / ROWS_PER_SECOND_ESTIMATE) * 1000));
   return ctx.db.transaction(async (tx) => {
-    // Again, under a lock of the organisation's exports, so that requests side by side cannot
-    // both pass the count and go over it.
-    await tx.query(`SELECT pg_advisory_xact_lock(hashtext('exports:' || $1::text))`, [principal.orgId]);
+    // Again, with the organisation's row locked (as every count per organisation is:
+    // src/organizations/limits.ts), so that requests side by side cannot both pass it.
+    await lockOrganization(tx, principal.orgId);
     await assertBelowQuota(tx, principal.orgId);
     const [row] = await tx.query<ExportRow>(
       `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)

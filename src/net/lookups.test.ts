@@ -54,11 +54,12 @@ describe('outbound name resolution', () => {
   };
 
   test('a name whose DNS never answers fails at the call\'s deadline and holds up no other call', async () => {
-    const startedMs = performance.now();
-    const stuck = [call('never-answers.example', 300), call('never-answers.example', 300), call('never-answers.example', 300)];
-    const meanwhile = await call('hooks.example', 2_000);
+    let stuckSettled = 0;
+    const stuck = [call('never-answers.example', 1_000), call('never-answers.example', 1_000), call('never-answers.example', 1_000)]
+      .map((promise) => promise.finally(() => { stuckSettled += 1; }));
+    const meanwhile = await call('hooks.example', 5_000);
     assert.equal(meanwhile.status, 200, 'another name resolves while those wait');
-    assert.ok(performance.now() - startedMs < 250, 'at once, not after the stuck ones');
+    assert.equal(stuckSettled, 0, 'answered while the stuck ones were still waiting, not after them');
     for (const error of await Promise.all(stuck.map(failure))) {
       assert.equal(error.reason, 'timeout');
       assert.match(error.message, /deadline/);
