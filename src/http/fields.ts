@@ -7,6 +7,10 @@
  */
 import { Type, type TString } from 'typebox';
 import type { ErrorCode } from '../errors/errors.ts';
+import { AMOUNT_TEXT_MAX } from '../money/money.ts';
+
+/** Currency codes are short (only `USDC` is taken); a longer value is refused by the schema. */
+const CURRENCY_TEXT_MAX = 16;
 
 export const ERROR_CODE_KEYWORD = 'x-error-code';
 
@@ -15,9 +19,10 @@ function codedString(code: ErrorCode, options: { description?: string; minLength
 }
 
 /** Decimal USDC as a string (never a JSON number: docs/decisions.md). */
-export const amountField = (description = 'decimal USDC, at most 6 decimals'): TString => codedString('invalid_amount', { description });
+export const amountField = (description = 'decimal USDC, at most 6 decimals'): TString =>
+  codedString('invalid_amount', { maxLength: AMOUNT_TEXT_MAX, description });
 
-export const currencyField = (description = 'USDC'): TString => codedString('invalid_currency', { description });
+export const currencyField = (description = 'USDC'): TString => codedString('invalid_currency', { maxLength: CURRENCY_TEXT_MAX, description });
 
 /** A payment's recipient: a chain address or a domain of the recipient directory. */
 export const recipientField = (description: string): TString => codedString('invalid_recipient', { minLength: 1, maxLength: 253, description });

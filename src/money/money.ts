@@ -4,8 +4,13 @@
  * two fractional digits ("0.00", "12.50", "0.000001").
  */
 export const MICRO_PER_USDC = 1_000_000n;
-/** The largest amount the chain can hold in one token account (u64). */
-export const MAX_MICRO_USDC = 0xffff_ffff_ffff_ffffn;
+/**
+ * The largest amount the service takes: amounts and balances are stored as PostgreSQL BIGINT
+ * (signed 64-bit), below the chain's u64. Anything larger is malformed input, not a 500.
+ */
+export const MAX_MICRO_USDC = 0x7fff_ffff_ffff_ffffn;
+/** The longest amount text that can parse: 14 whole digits, a point and 6 decimals. */
+export const AMOUNT_TEXT_MAX = 21;
 
 const AMOUNT = /^(0|[1-9]\d{0,13})(\.\d{1,6})?$/;
 

@@ -79,6 +79,10 @@ describe('payments', () => {
       [wallet.wallet_id, { amount: '0' }, 400, 'invalid_amount'],
       [wallet.wallet_id, { amount: '-1' }, 400, 'invalid_amount'],
       [wallet.wallet_id, { amount: '1.1234567' }, 400, 'invalid_amount'],
+      // Above what a signed 64-bit column holds (9,223,372,036,854.775807 USDC).
+      [wallet.wallet_id, { amount: '9223372036854.775808' }, 400, 'invalid_amount'],
+      [wallet.wallet_id, { amount: '10000000000000' }, 400, 'invalid_amount'],
+      [wallet.wallet_id, { amount: `1.${'0'.repeat(30)}` }, 400, 'invalid_amount'],
       [wallet.wallet_id, { currency: 'EUR' }, 400, 'invalid_currency'],
       [wallet.wallet_id, { to: 'not an address' }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { to: 'unknown-shop.example' }, 400, 'invalid_recipient'],
@@ -108,6 +112,17 @@ describe('payments', () => {
     const missingField = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1' } });
     assert.equal(missingField.body.error.code, 'invalid_request');
     assert.equal(missingField.body.error.param, 'currency');
+  });
+
+  test('the largest amount the service takes is judged by the policy, not refused by the database', async () => {
+    const policyId = await newPolicy(t, { maxPerTx: '2' });
+    const wallet = await fundedWallet(t, '10', policyId);
+    const blocked = await t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '9223372036854.775807', currency: 'USDC' },
+    });
+    assert.equal(blocked.status, 402, JSON.stringify(blocked.body));
+    assert.deepEqual(blocked.body.error.violation, { rule: 'max_per_tx', limit: '2.00', attempted: '9223372036854.775807' });
+    assert.equal(await balanceOf(t, wallet.wallet_id), '10.00');
   });
 
   test('a policy violation is 402 with the rule, recorded blocked, evented, and counts toward nothing', async () => {

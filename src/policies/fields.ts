@@ -15,8 +15,6 @@ export const VELOCITY_CAP_MAX = 1_000_000;
 export const CATEGORY_PATTERN = '^[a-z0-9_.-]{1,64}$';
 /** A domain name is at most 253 characters; a base58 address at most 44. */
 export const RECIPIENT_LENGTH_MAX = 253;
-/** Limits are stored as PostgreSQL BIGINT (signed 64-bit). */
-const LIMIT_MAX = 0x7fff_ffff_ffff_ffffn;
 
 /** A policy as a request shapes it: a name and its rules. */
 export interface PolicyFields extends PolicyRules {
@@ -62,7 +60,7 @@ export function parsePolicyFields(input: PolicyFieldsInput, nowMs: number): Part
 /** "0" is a real limit (nothing allowed), so zero is accepted here, unlike payment amounts. */
 function parseLimit(text: string, param: string): bigint {
   const micro = parseUsdc(text, { allowZero: true });
-  if (micro === null || micro > LIMIT_MAX) {
+  if (micro === null) {
     throw new ServiceError('invalid_amount',
       `${param} must be a decimal string of USDC ("0" allowed) with at most 6 decimals, no sign, exponent or spaces.`, { param });
   }
