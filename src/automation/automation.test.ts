@@ -179,6 +179,45 @@ describe('events, wallet states and automation', () => {
     assert.equal(await balanceOf(t, low2.wallet_id), '4.00', 'one topup, though 4.00 is still below the trigger');
   });
 
+  test('a latch re-arms when the balance comes back, even if it falls again before the next tick', async () => {
+    // Topped up, then spent below the trigger again before the job looks: topped up again.
+    const wallet = await fundedWallet(t, '9');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '30' } });
+    assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+      { body: { enabled: true, triggerBelow: '10', topupAmount: '10' } })).status, 200);
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, wallet.wallet_id), '19.00');
+    assert.equal((await pay(wallet.wallet_id, '10')).status, 200);
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, wallet.wallet_id), '19.00', 'a second topup');
+    const sources = (await eventsOf('wallet.funded', wallet.wallet_id)).map((e) => e.details.source);
+    assert.equal(sources.filter((source) => source === 'auto_topup').length, 2);
+
+    // Turned off and on again while still below the trigger: a new episode, topped up again.
+    const low = await fundedWallet(t, '1');
+    const setTopup = (enabled: boolean) => t.request('PUT', `/v1/wallets/${low.wallet_id}/auto-topup`,
+      { body: { enabled, triggerBelow: '5', topupAmount: '1' } });
+    assert.equal((await setTopup(true)).status, 200);
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, low.wallet_id), '2.00', 'once, though still below the trigger');
+    assert.equal((await setTopup(false)).status, 200);
+    assert.equal((await setTopup(true)).status, 200);
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, low.wallet_id), '3.00', 'again once turned on again');
+
+    // balance.low: funded back above the threshold and spent below it between two ticks.
+    const watched = await fundedWallet(t, '10');
+    await t.request('PATCH', `/v1/wallets/${watched.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await pay(watched.wallet_id, '6');
+    await t.service.jobs.runOnce();
+    assert.equal((await eventsOf('balance.low', watched.wallet_id)).length, 1);
+    assert.equal((await t.request('POST', `/v1/wallets/${watched.wallet_id}/fund`, { body: { amount: '5' } })).status, 200);
+    await pay(watched.wallet_id, '5');
+    await t.service.jobs.runOnce();
+    assert.equal((await eventsOf('balance.low', watched.wallet_id)).length, 2, 'the crossing after the funding is told too');
+  });
+
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {
     const wallet = await fundedWallet(t, '10');
     const set = await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });

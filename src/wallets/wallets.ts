@@ -484,8 +484,10 @@ export async function setAutoTopup(ctx: Ctx, orgId: string, walletId: string, in
   await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
+    // Turned on, or given another trigger: a new episode, so a vault already below fires again.
     await tx.query(
-      `UPDATE wallets SET auto_topup_enabled = $2, auto_topup_trigger_below = $3, auto_topup_amount = $4, updated_at = $5
+      `UPDATE wallets SET auto_topup_enabled = $2, auto_topup_trigger_below = $3, auto_topup_amount = $4, updated_at = $5,
+         topup_fired_at = CASE WHEN NOT auto_topup_enabled OR auto_topup_trigger_below IS DISTINCT FROM $3 THEN NULL ELSE topup_fired_at END
        WHERE id = $1`,
       [walletId, input.enabled, input.triggerBelow, input.topupAmount, new Date(nowMs)]);
   });
