@@ -9,6 +9,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { requestHash } from '../http/idempotency.ts';
+import { spendWindowsAt } from './spend-state.ts';
 
 async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
   const rows = await t.service.ctx.db.query(
@@ -272,6 +273,11 @@ describe('payments', () => {
     assert.equal(view.status, 'blocked');
     assert.equal(view.approval.status, 'approved', 'the operator approved; the policy refused');
     assert.equal(await balanceOf(t, wallet.wallet_id), '12.00');
+    const alerts = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${wallet.wallet_id}`)).body.data as Array<{
+      details: { alert: string; tx_id: string };
+    }>;
+    assert.deepEqual(alerts.map((e) => [e.details.alert, e.details.tx_id]), [['policy_violation', tooBig]],
+      'blocked at its approval: the policy-violation alert, as for any blocked payment');
 
     const short = await awaiting('5');
     assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: '8' } })).status, 200);
@@ -280,6 +286,46 @@ describe('payments', () => {
     assert.equal(poor.body.error.code, 'wallet_insufficient_balance');
     assert.equal((await t.request('GET', `/v1/transactions/${short}`)).body.approval.status, 'awaiting', 'still awaiting');
     assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+  });
+
+  test('a month\'s spend is never forgotten by a payment whose time was read before the month turned', async () => {
+    // A payment that read the clock on the last instant of a month and then waited for the vault's
+    // lock finds the windows already moved into the next month by the payment ahead of it.
+    const wallet = await fundedWallet(t, '5');
+    assert.equal((await t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' },
+    })).status, 200);
+    const now = new Date(t.service.ctx.clock.nowMs());
+    const lastInstantOfPreviousMonth = Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1) - 1;
+    const windows = await spendWindowsAt(t.service.ctx.db, wallet.wallet_id, lastInstantOfPreviousMonth);
+    assert.deepEqual(windows.month, { key: now.toISOString().slice(0, 7), sum: 2_000_000n });
+  });
+
+  test('an approval judged by the vault\'s new policy names that policy', async () => {
+    const first = await newPolicy(t, { requireCoSign: '3' });
+    const second = await newPolicy(t, { maxPerTx: '1' });
+    const wallet = await fundedWallet(t, '12', first);
+    const to = await newRecipient();
+    const pay = async () => (await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '6', currency: 'USDC' } })).body;
+    const awaiting = await pay();
+    assert.equal(awaiting.approval?.status, 'awaiting', JSON.stringify(awaiting));
+    assert.equal((await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { policyId: second } })).status, 200);
+    const refused = await t.request('POST', `/v1/payments/${awaiting.tx_id}/approve`);
+    assert.equal(refused.status, 402, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.violation.rule, 'max_per_tx');
+    assert.equal(refused.body.error.policy_id, second);
+    assert.equal((await t.request('GET', `/v1/transactions/${awaiting.tx_id}`)).body.policy_id, second);
+
+    // Approved under the policy it is now judged by: the transaction names that one.
+    const third = await newPolicy(t, { maxPerTx: '10' });
+    assert.equal((await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { policyId: first } })).status, 200);
+    const later = await pay();
+    assert.equal(later.approval?.status, 'awaiting');
+    assert.equal((await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { policyId: third } })).status, 200);
+    const approved = await t.request('POST', `/v1/payments/${later.tx_id}/approve`);
+    assert.equal(approved.status, 200, JSON.stringify(approved.body));
+    assert.equal(approved.body.policy_id, third);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '6.00');
   });
 
   test('an agent key pays only with its vault\'s current session token', async () => {

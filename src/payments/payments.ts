@@ -530,19 +530,22 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       await payInstructions(ctx, unlocked!, txId, recipientAddress, pending.amount, pending.attestation_hash!));
 
     const decided = await ctx.db.transaction(async (tx) => {
-      const nowMs = ctx.clock.nowMs();
       const wallet = await lockWallet(tx, orgId, pending.wallet_id!);
+      // Read once the vault is locked, so no spend committed under the lock is later than it.
+      const nowMs = ctx.clock.nowMs();
       const row = await lockAwaiting(tx, orgId, txId);
       if (row.approval_expires_at !== null && row.approval_expires_at.getTime() <= nowMs) return { expired: true } as const;
       if (wallet.policy_id !== unlocked!.policy_id) return null;
       const decide = async (status: 'blocked', approvalStatus: string, violation: Violation) => {
         await tx.query(
           `UPDATE transactions SET status = $2, violation = $3, approval = approval || $4::jsonb, approval_expires_at = NULL,
-             updated_at = $5, settled_at = $5 WHERE id = $1`,
+             updated_at = $5, settled_at = $5, policy_id = $6 WHERE id = $1`,
           [txId, status, JSON.stringify(violation),
-            JSON.stringify({ status: approvalStatus, decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs)]);
+            JSON.stringify({ status: approvalStatus, decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs),
+            wallet.policy_id]);
         await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
         await writeBlockedEvent(tx, nowMs, wallet, txId, row.amount, row.recipient!, violation);
+        await alertPolicyViolation(tx, nowMs, wallet.org_id, wallet.id, txId, violation);
         return { blocked: await reload(tx, txId), violation };
       };
       assertNotArchived(wallet);
@@ -557,9 +560,10 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       if (wallet.balance < row.amount) throw insufficientBalance(wallet, row.amount);
       await tx.query(
         `UPDATE transactions SET tx_signature = $2, last_valid_block_height = $3, approval = approval || $4::jsonb,
-           approval_expires_at = NULL, updated_at = $5, spend_at_ms = $6 WHERE id = $1`,
+           approval_expires_at = NULL, updated_at = $5, spend_at_ms = $6, policy_id = $7 WHERE id = $1`,
         [txId, prepared.signature, prepared.lastValidBlockHeight,
-          JSON.stringify({ status: 'approved', decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs), nowMs]);
+          JSON.stringify({ status: 'approved', decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs), nowMs,
+          wallet.policy_id]);
       await commitSpend(tx, nowMs, wallet, row.amount, windows);
       await recordEvent(tx, nowMs, pendingEventOf({
         id: row.id, orgId: row.org_id, walletId: row.wallet_id!, amount: row.amount, recipient: row.recipient, signature: prepared.signature,

@@ -68,7 +68,9 @@ export async function spendWindowsOf(q: Queryable, walletIds: readonly string[],
     windows.set(walletId, {
       day: slideWindow(day, atMs, DAY_MS, leaving.get(`${walletId}/day`) ?? []),
       hour: slideWindow(hour, atMs, HOUR_MS, leaving.get(`${walletId}/hour`) ?? []),
-      month: row && row.month_key === key ? { key, sum: row.month_sum } : { key, sum: 0n },
+      // A month key never moves back: a payment whose time was read before it waited for the
+      // vault's lock, across the turn of a month, counts toward the month already begun.
+      month: row && row.month_key >= key ? { key: row.month_key, sum: row.month_sum } : { key, sum: 0n },
     });
   }
   return windows;
