@@ -218,6 +218,26 @@ describe('events, wallet states and automation', () => {
     assert.equal((await eventsOf('balance.low', watched.wallet_id)).length, 2, 'the crossing after the funding is told too');
   });
 
+  test('a latch and its event are written together: an event that cannot be written leaves the latch unset', async () => {
+    const wallet = await fundedWallet(t, '10');
+    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await pay(wallet.wallet_id, '6');
+    const db = t.service.ctx.db;
+    // The database refuses the event, as a full disk or a lost connection would.
+    await db.query(`CREATE FUNCTION refuse_balance_low() RETURNS TRIGGER LANGUAGE plpgsql AS $$
+      BEGIN IF NEW.type = 'balance.low' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
+    await db.query('CREATE TRIGGER refuse_balance_low BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_balance_low()');
+    try {
+      await t.service.jobs.runOnce();
+    } finally {
+      await db.query('DROP TRIGGER refuse_balance_low ON events');
+      await db.query('DROP FUNCTION refuse_balance_low()');
+    }
+    assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 0);
+    await t.service.jobs.runOnce();
+    assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 1, 'told at the next tick: the crossing was not lost');
+  });
+
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {
     const wallet = await fundedWallet(t, '10');
     const set = await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });

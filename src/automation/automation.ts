@@ -89,14 +89,18 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
   await ctx.db.query(
     `UPDATE wallets SET low_balance_fired_at = NULL WHERE low_balance_fired_at IS NOT NULL AND balance >= COALESCE(low_balance_threshold, 0)`);
 
-  const lows = await ctx.db.query<{ id: string; org_id: string; balance: bigint; low_balance_threshold: bigint }>(
-    `UPDATE wallets SET low_balance_fired_at = $1 WHERE id IN (
-       SELECT id FROM wallets WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
-         AND balance < low_balance_threshold AND status <> 'archived' LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
-     RETURNING id, org_id, balance, low_balance_threshold`, [now]);
-  for (const wallet of lows) {
-    await lowBalanceEvent(ctx.db, now.getTime(), wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold);
-  }
+  // Each latch is set in the transaction that writes its event (the outbox): both or neither.
+  const lows = await ctx.db.transaction(async (tx) => {
+    const latched = await tx.query<{ id: string; org_id: string; balance: bigint; low_balance_threshold: bigint }>(
+      `UPDATE wallets SET low_balance_fired_at = $1 WHERE id IN (
+         SELECT id FROM wallets WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
+           AND balance < low_balance_threshold AND status <> 'archived' LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
+       RETURNING id, org_id, balance, low_balance_threshold`, [now]);
+    for (const wallet of latched) {
+      await lowBalanceEvent(tx, now.getTime(), wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold);
+    }
+    return latched;
+  });
 
   const due = await ctx.db.query<{ id: string; org_id: string; balance: bigint; auto_topup_trigger_below: bigint; auto_topup_amount: bigint }>(
     `UPDATE wallets SET topup_fired_at = $1 WHERE id IN (
@@ -208,21 +212,23 @@ export async function largeTransactionAlerts(
 export async function scanAlerts(ctx: Ctx): Promise<number> {
   const nowMs = ctx.clock.nowMs();
   const now = new Date(nowMs);
-  let raised = 0;
-  const inactive = await ctx.db.query<{ id: string; org_id: string; since: Date; hours: number }>(
-    `UPDATE wallets w SET inactivity_alerted_at = $1 FROM alert_settings a
-     WHERE a.org_id = w.org_id AND w.id IN (
-       SELECT w2.id FROM wallets w2 JOIN alert_settings a2 ON a2.org_id = w2.org_id
-       WHERE a2.inactivity_hours IS NOT NULL AND w2.status = 'active'
-         AND COALESCE(w2.last_transaction_at, w2.created_at) <= $1::timestamptz - make_interval(hours => a2.inactivity_hours)
-         AND (w2.inactivity_alerted_at IS NULL OR w2.inactivity_alerted_at < COALESCE(w2.last_transaction_at, w2.created_at))
-       LIMIT ${BATCH} FOR UPDATE OF w2 SKIP LOCKED)
-     RETURNING w.id, w.org_id, COALESCE(w.last_transaction_at, w.created_at) AS since, a.inactivity_hours AS hours`, [now]);
-  for (const wallet of inactive) {
-    await raiseAlert(ctx.db, nowMs, wallet.org_id, wallet.id, 'inactivity',
-      `Wallet ${wallet.id} inactive for more than ${wallet.hours} h`, { inactive_since: wallet.since.toISOString(), hours: wallet.hours });
-    raised += 1;
-  }
+  // Each latch is set in the transaction that writes its alert (the outbox): both or neither.
+  let raised = await ctx.db.transaction(async (tx) => {
+    const inactive = await tx.query<{ id: string; org_id: string; since: Date; hours: number }>(
+      `UPDATE wallets w SET inactivity_alerted_at = $1 FROM alert_settings a
+       WHERE a.org_id = w.org_id AND w.id IN (
+         SELECT w2.id FROM wallets w2 JOIN alert_settings a2 ON a2.org_id = w2.org_id
+         WHERE a2.inactivity_hours IS NOT NULL AND w2.status = 'active'
+           AND COALESCE(w2.last_transaction_at, w2.created_at) <= $1::timestamptz - make_interval(hours => a2.inactivity_hours)
+           AND (w2.inactivity_alerted_at IS NULL OR w2.inactivity_alerted_at < COALESCE(w2.last_transaction_at, w2.created_at))
+         LIMIT ${BATCH} FOR UPDATE OF w2 SKIP LOCKED)
+       RETURNING w.id, w.org_id, COALESCE(w.last_transaction_at, w.created_at) AS since, a.inactivity_hours AS hours`, [now]);
+    for (const wallet of inactive) {
+      await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'inactivity',
+        `Wallet ${wallet.id} inactive for more than ${wallet.hours} h`, { inactive_since: wallet.since.toISOString(), hours: wallet.hours });
+    }
+    return inactive.length;
+  });
   // Candidates from the stored hour count (it only over-counts until the window slides), then counted exactly.
   const candidates = await ctx.db.query<{ id: string; org_id: string; per_hour: number }>(
     `SELECT w.id, w.org_id, a.velocity_per_hour AS per_hour FROM wallets w
@@ -235,13 +241,15 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
       'SELECT COUNT(*)::int AS count FROM transactions WHERE wallet_id = $1 AND spend_at_ms > $2', [wallet.id, nowMs - 3_600_000]);
     const count = row?.count ?? 0;
     if (count <= wallet.per_hour) continue;
-    const claimed = await ctx.db.query(
-      `UPDATE wallets SET velocity_alerted_at = $2 WHERE id = $1
-         AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
-    if (!claimed.length) continue;
-    await raiseAlert(ctx.db, nowMs, wallet.org_id, wallet.id, 'velocity_spike',
-      `Wallet ${wallet.id} made ${count} payments in the last hour (alert above ${wallet.per_hour})`, { count, per_hour: wallet.per_hour });
-    raised += 1;
+    raised += await ctx.db.transaction(async (tx) => {
+      const claimed = await tx.query(
+        `UPDATE wallets SET velocity_alerted_at = $2 WHERE id = $1
+           AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
+      if (!claimed.length) return 0;
+      await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'velocity_spike',
+        `Wallet ${wallet.id} made ${count} payments in the last hour (alert above ${wallet.per_hour})`, { count, per_hour: wallet.per_hour });
+      return 1;
+    });
   }
   return raised;
 }
