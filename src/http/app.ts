@@ -20,7 +20,7 @@ import { registerRoutes } from './routes.ts';
 
 export type App = FastifyInstance<RawServerDefault, IncomingMessage, ServerResponse, FastifyBaseLogger, TypeBoxTypeProvider>;
 
-/** Request bodies are small JSON documents; the largest (a batch of 100 fundings) is ~15 KiB. */
+/** Request bodies are small JSON documents; policies, whose lists may be long, have a limit of their own (policies/routes.ts). */
 export const BODY_LIMIT_BYTES = 64 * 1024;
 
 export interface BuildAppOptions {
@@ -103,7 +103,7 @@ function docsLink(ctx: AppContext, code: ErrorCode): string {
 }
 
 function sendError(ctx: AppContext, error: FastifyError | ServiceError, request: FastifyRequest, reply: FastifyReply): FastifyReply {
-  const service = toServiceError(error);
+  const service = toServiceError(error, request.routeOptions.bodyLimit ?? BODY_LIMIT_BYTES);
   if (service.code === 'internal_error') {
     request.log.error({ err: error }, 'unhandled error');
   } else if (service.code === 'service_unavailable') {
@@ -126,7 +126,7 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
 }
 
 /** Every failure becomes one code of the closed list; nothing internal reaches the client. */
-function toServiceError(error: FastifyError | ServiceError): ServiceError {
+function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: number): ServiceError {
   if (error instanceof ServiceError) return error;
   const fastifyError = error as FastifyError & {
     validation?: Array<{ instancePath: string; params: Record<string, unknown>; message?: string; parentSchema?: Record<string, unknown> }>;
@@ -149,7 +149,7 @@ function toServiceError(error: FastifyError | ServiceError): ServiceError {
     case 'FST_ERR_CTP_EMPTY_JSON_BODY':
       return new ServiceError('invalid_request', 'The body is not valid JSON.', { param: 'body' });
     case 'FST_ERR_CTP_BODY_TOO_LARGE':
-      return new ServiceError('invalid_request', `The body is larger than ${BODY_LIMIT_BYTES} bytes.`, { param: 'body' });
+      return new ServiceError('invalid_request', `The body is larger than ${bodyLimitBytes} bytes.`, { param: 'body' });
     case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
       return new ServiceError('invalid_request', 'Send the body as application/json.', { param: 'body' });
     default:

@@ -230,6 +230,10 @@ describe('payments', () => {
     assert.equal(again.status, 400, 'a decided payment cannot be approved twice');
 
     const refused = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '5', currency: 'USDC' } });
+    const withReason = await t.request('POST', `/v1/payments/${refused.body.tx_id}/reject`, { body: { reason: 'fraud' } });
+    assert.equal(withReason.status, 400, 'a field reject does not take is refused, not ignored');
+    assert.equal(withReason.body.error.param, 'reason');
+    assert.equal((await t.request('GET', `/v1/transactions/${refused.body.tx_id}`)).body.approval.status, 'awaiting');
     const rejected = await t.request('POST', `/v1/payments/${refused.body.tx_id}/reject`);
     assert.equal(rejected.body.status, 'blocked');
     assert.equal(rejected.body.approval.status, 'rejected');

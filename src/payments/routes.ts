@@ -185,6 +185,8 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
   });
 
   const TxParams = Type.Object({ tx_id: Type.String({ maxLength: 64 }) });
+  /** A body, if sent, must be empty: a field this route does not take is refused, not ignored. */
+  const NoFields = Type.Object({}, { additionalProperties: false });
 
   app.post('/v1/payments/:tx_id/approve', {
     config: { permission: 'write' },
@@ -206,6 +208,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     schema: {
       tags: ['Payments'], summary: 'Refuse a payment awaiting approval: it is blocked and nothing is sent',
       params: TxParams,
+      body: NoFields,
       response: { 200: PaymentResponse },
     },
   }, async (request) => {

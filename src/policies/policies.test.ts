@@ -119,6 +119,28 @@ describe('policies: refusals and their effects', () => {
     assert.equal(created.length, 0, 'no policy.created event');
   });
 
+  test('the longest lists a policy allows fit in one request; one entry more is refused', async () => {
+    // 1,000 distinct domains of 253 characters each (labels of at most 63).
+    const domain = (i: number) => `${String(i).padStart(4, '0')}${'a'.repeat(59)}.${'b'.repeat(63)}.${'c'.repeat(63)}.${'d'.repeat(57)}.com`;
+    const recipients = Array.from({ length: 1_000 }, (_, i) => domain(i));
+    assert.equal(recipients[0]!.length, 253);
+    const categories = Array.from({ length: 100 }, (_, i) => `category_${i}_${'x'.repeat(50)}`);
+    const created = await t.request('POST', '/v1/policies', {
+      body: { name: 'Long lists', allowedRecipients: recipients, blockedCategories: categories },
+    });
+    assert.equal(created.status, 200, JSON.stringify(created.body).slice(0, 300));
+    assert.equal(created.body.allowed_recipients.length, 1_000);
+    assert.equal(created.body.blocked_categories.length, 100);
+    const before = await policyCount(t, t.orgId);
+    assertError(await t.request('POST', '/v1/policies', {
+      body: { name: 'Too long', allowedRecipients: [...recipients, domain(1_000)] },
+    }), 400, 'invalid_request', 'allowed_recipients', 'one entry more');
+    const huge = await t.request('POST', '/v1/policies', { body: { name: 'Huge', padding: 'x'.repeat(330 * 1024) } });
+    assertError(huge, 400, 'invalid_request', 'body', 'beyond the policy body limit');
+    assert.match(huge.body.error.message, /larger than 327680 bytes/);
+    assert.equal(await policyCount(t, t.orgId), before);
+  });
+
   test('both spellings of one field in one body are refused as ambiguous', async () => {
     const before = await policyCount(t, t.orgId);
     const camelFirst = await t.request('POST', '/v1/policies', { body: { name: 'Twice', maxPerTx: '1', max_per_tx: '2' } });

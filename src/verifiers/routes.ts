@@ -54,7 +54,7 @@ export function verifierRoutes(app: App, ctx: AppContext): void {
       tags: ['Verifiers'], summary: 'A new signing secret, in this response only; the previous one keeps verifying for 24 hours',
       description: 'Only one previous secret is kept: rotating again within 24 hours ends the older one at once. '
         + 'A revoked verifier answers 400 `invalid_request` with `param: "verifier_id"`.',
-      params: VerifierParams, response: { 200: VerifierWithSecretView },
+      params: VerifierParams, body: Type.Object({}, { additionalProperties: false }), response: { 200: VerifierWithSecretView },
     },
   }, async (request) => verifierWithSecretView(await rotateVerifierSecret(
     ctx.db, ctx.clock.nowMs(), principalOf(request).orgId, request.params.verifier_id)));

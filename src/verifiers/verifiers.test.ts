@@ -87,6 +87,9 @@ describe('verifiers API', () => {
     assert.equal(again.status, 200);
     assert.deepEqual(again.body, revoked.body);
     // A revoked verifier's secret cannot rotate.
+    const unknownField = await t.request('POST', `/v1/verifiers/${id}/rotate-secret`, { body: { ttl: 5 } });
+    assert.equal(unknownField.status, 400);
+    assert.equal(unknownField.body.error.param, 'ttl');
     const rotate = await t.request('POST', `/v1/verifiers/${id}/rotate-secret`);
     assert.equal(rotate.status, 400);
     assert.equal(rotate.body.error.code, 'invalid_request');

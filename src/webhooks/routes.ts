@@ -96,7 +96,7 @@ export function webhookRoutes(app: App, ctx: AppContext): void {
       summary: 'A new signing secret, in this response only; for 24 hours deliveries are signed with both',
       description: '`Service-Signature` is made with the new secret at once; `Service-Signature-Previous` carries the signature '
         + 'with the replaced one until `previous_secret_expires_at`. Rotating again within 24 hours ends the older secret at once.',
-      params: WebhookParams, response: { 200: WebhookWithSecretView },
+      params: WebhookParams, body: Type.Object({}, { additionalProperties: false }), response: { 200: WebhookWithSecretView },
     },
   }, async (request) => webhookWithSecretView(await rotateSigningSecret(
     ctx.db, ctx.clock.nowMs(), principalOf(request).orgId, request.params.webhook_id)));
