@@ -13,6 +13,7 @@ const USAGE = `Usage: agent-vault <command> [options]
 
 Commands:
   serve [--no-workers]                         the HTTP API, background workers and (by default) the embedded validator
+  worker                                       the background workers alone, no HTTP listener (beside serve --no-workers)
   migrate                                      apply database migrations and exit
   validator [--port 8899] [--host 127.0.0.1]   run the local Solana validator (LiteSVM) over JSON-RPC
   program build [--check]                      rebuild program/agent_vault.so (--check: verify the committed bytes)
@@ -42,6 +43,14 @@ const commands: Record<string, Command> = {
     const config = loadConfig();
     const { serve } = await import('./server.ts');
     await serve(config, { workers: !values['no-workers'] });
+    return 0;
+  },
+
+  async worker(args) {
+    parseArgs({ args, options: {}, strict: true });
+    const config = loadConfig();
+    const { serve } = await import('./server.ts');
+    await serve(config, { http: false });
     return 0;
   },
 

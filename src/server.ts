@@ -75,15 +75,20 @@ export async function buildService(config: Config, options: BuildServiceOptions 
   }
 }
 
-/** `agent-vault serve`: listens until SIGTERM/SIGINT, then closes in order. */
-export async function serve(config: Config, { workers = true } = {}): Promise<void> {
+/**
+ * `agent-vault serve` (the HTTP API, with the workers unless `workers: false`) and
+ * `agent-vault worker` (`http: false`: the workers alone, no listener): runs until
+ * SIGTERM/SIGINT, then closes in order.
+ */
+export async function serve(config: Config, { workers = true, http = true } = {}): Promise<void> {
   const logger = pino({ level: config.logLevel });
   const service = await buildService(config, { workers, logger });
   if (service.bootstrapAdminKey) {
     // Printed once, on the first start: the only time this key is ever shown.
     process.stdout.write(`\nDefault organisation ${service.defaultOrgId} created.\nAdmin API key (shown once, store it now):\n\n  ${service.bootstrapAdminKey}\n\n`);
   }
-  await service.app.listen({ port: config.port, host: config.host });
+  if (http) await service.app.listen({ port: config.port, host: config.host });
+  else logger.info({ jobs: JOBS.map((job) => job.name) }, 'workers running (no HTTP listener)');
   let closing = false;
   const shutdown = async (signal: string) => {
     if (closing) return;

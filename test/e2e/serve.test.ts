@@ -19,25 +19,25 @@ interface Running {
   output: () => string;
 }
 
-function startServe(dataDir: string): Promise<Running> {
+function startServe(dataDir: string, args = ['serve'], ready = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/): Promise<Running> {
   const env: Record<string, string> = { ...process.env as Record<string, string>, AGENT_VAULT_DATA_DIR: dataDir, PORT: '0', LOG_LEVEL: 'info' };
   delete env.DATABASE_URL;
   delete env.AGENT_VAULT_BOOTSTRAP_KEY;
-  const child = spawn(process.execPath, [join(ROOT, 'bin', 'agent-vault.js'), 'serve'], { env, cwd: ROOT });
+  const child = spawn(process.execPath, [join(ROOT, 'bin', 'agent-vault.js'), ...args], { env, cwd: ROOT });
   let output = '';
   child.stdout.on('data', (chunk) => { output += chunk; });
   child.stderr.on('data', (chunk) => { output += chunk; });
   return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`serve did not start:\n${output}`)), START_TIMEOUT_MS);
+    const timer = setTimeout(() => reject(new Error(`${args.join(' ')} did not start:\n${output}`)), START_TIMEOUT_MS);
     const check = () => {
-      const match = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/.exec(output);
+      const match = ready.exec(output);
       if (match) {
         clearTimeout(timer);
-        resolve({ child, baseUrl: match[1]!, output: () => output });
+        resolve({ child, baseUrl: match[1] ?? '', output: () => output });
       }
     };
     child.stdout.on('data', check);
-    child.on('exit', (code) => { clearTimeout(timer); reject(new Error(`serve exited with ${code}:\n${output}`)); });
+    child.on('exit', (code) => { clearTimeout(timer); reject(new Error(`${args.join(' ')} exited with ${code}:\n${output}`)); });
   });
 }
 
@@ -81,6 +81,47 @@ describe('agent-vault serve', () => {
       assert.equal(body.reserve.usdc_balance, '42.00', 'the deposit survived the restart');
     } finally {
       assert.equal(await stop(restarted), 0);
+    }
+  });
+
+  test('worker runs the background jobs with no HTTP listener, beside an API started with --no-workers', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'av-worker-'));
+    try {
+      // The API alone: a policy that expires in a few seconds and a vault on it. Nothing here
+      // runs the expiry job.
+      const api = await startServe(dir, ['serve', '--no-workers']);
+      const key = /Admin API key \(shown once, store it now\):\s+(\S+)/.exec(api.output())![1]!;
+      let baseUrl = api.baseUrl;
+      const call = async (method: string, path: string, body?: unknown) => {
+        const response = await fetch(`${baseUrl}${path}`, {
+          method, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+          body: body === undefined ? undefined : JSON.stringify(body),
+        });
+        return { status: response.status, body: await response.json() as Record<string, any> };
+      };
+      const expiry = new Date(Math.ceil(Date.now() / 1000) * 1000 + 3000).toISOString();
+      const policy = await call('POST', '/v1/policies', { name: 'Soon over', expiry });
+      assert.equal(policy.status, 200, JSON.stringify(policy.body));
+      const wallet = await call('POST', '/v1/wallets', { agentId: 'worker-test', label: 'W', policyId: policy.body.policy_id });
+      assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
+      assert.equal(await stop(api), 0);
+
+      // The workers alone (one process owns a PGlite data dir; on PostgreSQL both run at once).
+      const worker = await startServe(dir, ['worker'], /workers running \(no HTTP listener\)/);
+      assert.doesNotMatch(worker.output(), /Server listening/);
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, Date.parse(expiry) - Date.now()) + 3000));
+      assert.equal(await stop(worker), 0, 'SIGTERM stops the worker gracefully');
+
+      const after = await startServe(dir, ['serve', '--no-workers']);
+      baseUrl = after.baseUrl;
+      try {
+        const frozen = await call('GET', `/v1/wallets/${wallet.body.wallet_id}`);
+        assert.equal(frozen.body.status, 'frozen', 'the worker ran the expiry job');
+      } finally {
+        assert.equal(await stop(after), 0);
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });
