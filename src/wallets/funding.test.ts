@@ -6,6 +6,9 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { queuedBehind } from '../../test/locks.ts';
+import { openDatabase } from '../db/database.ts';
+import { recordEvent } from '../events/events.ts';
 import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
 
 let agentCounter = 0;
@@ -243,6 +246,44 @@ describe('funding under concurrency', () => {
     assert.deepEqual(new Set(responses.filter((r) => r.status !== 200).map((r) => r.body.error.code)), new Set(['withdrawal_exceeds_balance']));
     assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00');
     await assertIndexEqualsChainAndConserved(t);
+  });
+
+  /**
+   * A job that holds vault locks while it writes events (each event checks its organisation's
+   * row, a key-share lock) beside a funding that holds the reserve (that row) and waits for the
+   * vault: the reserve's lock must not block the event's check, or the two deadlock.
+   */
+  test('a funding waiting for a vault held by a writer of events does not deadlock with it', async (context) => {
+    if (!process.env.DATABASE_URL) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no lock can be held beside another)');
+      return;
+    }
+    await deposit(t, '3');
+    const wallet = await newWallet(t);
+    const [{ schema }] = await t.service.ctx.db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const holding = await openDatabase({ databaseUrl: process.env.DATABASE_URL!, dataDir: null, schema });
+    try {
+      let held!: (pid: number) => void;
+      const isHeld = new Promise<number>((resolve) => { held = resolve; });
+      let funding!: Promise<{ status: number; body: any }>;
+      const holder = holding.transaction(async (tx) => {
+        await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]);
+        held((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
+        await queuedBehind(holding, await isHeld, 1);
+        await recordEvent(tx, t.service.ctx.clock.nowMs(), {
+          orgId: t.orgId, type: 'balance.low', walletId: wallet.wallet_id, summary: 'written while the funding waits', payload: {},
+        });
+      });
+      await isHeld;
+      funding = t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '3' } });
+      const outcomes = await Promise.allSettled([holder, funding]);
+      assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+      const funded = await funding;
+      assert.equal(funded.status, 200, JSON.stringify(funded.body));
+      assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '3.00');
+    } finally {
+      await holding.close();
+    }
   });
 });
 

@@ -34,9 +34,15 @@ export interface MoveResult {
   status: 'confirmed' | 'failed' | 'pending';
 }
 
+/**
+ * Locks the organisation's reserve. NO KEY UPDATE: it serialises reserve moves as well, but
+ * lets other transactions insert rows that reference the organisation (their foreign-key check
+ * takes a key-share lock) — one that holds a vault this funding waits for, writing an event,
+ * would otherwise wait for the reserve in turn: a deadlock.
+ */
 async function lockReserve(tx: Queryable, orgId: string): Promise<bigint> {
   const rows = await tx.query<{ reserve_balance: bigint }>(
-    'SELECT reserve_balance FROM organizations WHERE id = $1 FOR UPDATE', [orgId]);
+    'SELECT reserve_balance FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
   return rows[0]!.reserve_balance;
 }
 

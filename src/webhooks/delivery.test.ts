@@ -17,6 +17,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
@@ -613,22 +614,6 @@ describe('webhook deliveries', () => {
     }
   });
 
-  /** Resolves once `count` backends wait, directly or behind another waiter, for locks backend `holderPid` holds. */
-  async function queuedBehind(db: AppContext['db'], holderPid: number, count: number): Promise<void> {
-    const deadline = Date.now() + 10_000;
-    for (;;) {
-      const [{ n }] = await db.query<{ n: number }>(
-        `WITH RECURSIVE queued(pid) AS (
-           SELECT pid FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
-           UNION
-           SELECT a.pid FROM pg_stat_activity a JOIN queued q ON q.pid = ANY (pg_blocking_pids(a.pid))
-         )
-         SELECT count(*)::int AS n FROM queued`, [holderPid]) as [{ n: number }];
-      if (n >= count) return;
-      assert.ok(Date.now() < deadline, `${count} transactions never queued behind the held deliveries (${n} did)`);
-      await new Promise((resolve) => setTimeout(resolve, 20));
-    }
-  }
 
   /**
    * A webhook deleted while its retries' successes are being recorded: both lock the deliveries
