@@ -238,6 +238,30 @@ describe('events, wallet states and automation', () => {
     assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 1, 'told at the next tick: the crossing was not lost');
   });
 
+  test('an auto-topup the reserve cannot cover is told even if the first telling fails', async () => {
+    const wallet = await fundedWallet(t, '6');
+    const reserve = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance as string;
+    assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`, {
+      body: { enabled: true, triggerBelow: '5', topupAmount: String(Number(reserve) + 1_000_000) },
+    })).status, 200);
+    await pay(wallet.wallet_id, '2');
+    const db = t.service.ctx.db;
+    await db.query(`CREATE FUNCTION refuse_balance_low() RETURNS TRIGGER LANGUAGE plpgsql AS $$
+      BEGIN IF NEW.type = 'balance.low' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
+    await db.query('CREATE TRIGGER refuse_balance_low BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_balance_low()');
+    try {
+      await t.service.jobs.runOnce();
+    } finally {
+      await db.query('DROP TRIGGER refuse_balance_low ON events');
+      await db.query('DROP FUNCTION refuse_balance_low()');
+    }
+    assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 0);
+    for (let i = 0; i < 3; i += 1) await t.service.jobs.runOnce();
+    const told = await eventsOf('balance.low', wallet.wallet_id);
+    assert.deepEqual(told.map((e) => e.details.reason), ['auto_topup_reserve_insufficient'], 'told once, at the next tick');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+  });
+
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {
     const wallet = await fundedWallet(t, '10');
     const set = await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });

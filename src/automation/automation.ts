@@ -15,7 +15,7 @@
  */
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
-import { recordEvent, type NewEvent } from '../events/events.ts';
+import { recordEvent, recordEvents, type NewEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { formatUsdc } from '../money/money.ts';
 import { AUTO_TOPUP_MEMO, type TransactionRow } from '../transactions/settlement.ts';
@@ -70,14 +70,14 @@ export async function expirePolicies(ctx: Ctx): Promise<number> {
 // ---------------------------------------------------------------------------------------------
 // Auto-topup and balance.low
 
-async function lowBalanceEvent(
-  q: Queryable, nowMs: number, orgId: string, walletId: string, balance: bigint, threshold: bigint, extra: Record<string, unknown> = {},
-): Promise<void> {
-  await recordEvent(q, nowMs, {
+function lowBalanceEvent(
+  orgId: string, walletId: string, balance: bigint, threshold: bigint, extra: Record<string, unknown> = {},
+): NewEvent {
+  return {
     orgId, type: 'balance.low', walletId,
     summary: `Wallet balance ${formatUsdc(balance)} USDC is below ${formatUsdc(threshold)} USDC`,
     payload: { wallet_id: walletId, current_balance: formatUsdc(balance), threshold: formatUsdc(threshold), ...extra },
-  });
+  };
 }
 
 /** The `wallets.automation` job: auto-topups and balance.low. */
@@ -96,9 +96,9 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
          SELECT id FROM wallets WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
            AND balance < low_balance_threshold AND status <> 'archived' LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
        RETURNING id, org_id, balance, low_balance_threshold`, [now]);
-    for (const wallet of latched) {
-      await lowBalanceEvent(tx, now.getTime(), wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold);
-    }
+    // One statement for all their events: the vaults' locks are held no longer than that.
+    await recordEvents(tx, now.getTime(),
+      latched.map((wallet) => lowBalanceEvent(wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold)));
     return latched;
   });
 
@@ -108,22 +108,30 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
          AND status = 'active' AND provisioned_at IS NOT NULL LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
      RETURNING id, org_id, balance, auto_topup_trigger_below, auto_topup_amount`, [now]);
   let topups = 0;
-  for (const wallet of due) {
+  type Due = (typeof due)[number];
+  // Funded, or told that the reserve cannot: true when funded.
+  const topUp = async (wallet: Due): Promise<boolean> => {
     try {
       await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], undefined, { memo: AUTO_TOPUP_MEMO });
-      topups += 1;
+      return true;
     } catch (error) {
-      if (!(error instanceof ServiceError) || error.code !== 'org_insufficient_balance') {
-        // Not done and not refused: let the next tick try again.
-        await ctx.db.query('UPDATE wallets SET topup_fired_at = NULL WHERE id = $1', [wallet.id]);
-        ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup failed; retried at the next tick');
-        continue;
-      }
+      if (!(error instanceof ServiceError) || error.code !== 'org_insufficient_balance') throw error;
       // The reserve cannot cover it: say so once, do not retry until the balance is back.
-      await lowBalanceEvent(ctx.db, ctx.clock.nowMs(), wallet.org_id, wallet.id, wallet.balance, wallet.auto_topup_trigger_below, {
+      await recordEvent(ctx.db, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, wallet.balance, wallet.auto_topup_trigger_below, {
         reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),
         org_balance: error.details.available,
-      });
+      }));
+      return false;
+    }
+  };
+  for (const wallet of due) {
+    try {
+      if (await topUp(wallet)) topups += 1;
+    } catch (error) {
+      // Neither funded nor told (the funding failed, or its refusal could not be written): the
+      // latch is given back, and the next tick tries again.
+      await ctx.db.query('UPDATE wallets SET topup_fired_at = NULL WHERE id = $1', [wallet.id]);
+      ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup failed; retried at the next tick');
     }
   }
   return { topups, lowBalance: lows.length };
