@@ -92,6 +92,9 @@ describe('webhooks API', () => {
     const created = await create({ url: receiver.url(), events: '*' });
     const id = created.body.webhook_id;
     const clockNow = Date.parse((await t.request('GET', '/v1/test_helpers/clock')).body.now);
+    const withField = await t.request('POST', `/v1/webhooks/${id}/rotate-secret`, { key: operatorKey, body: { overlapHours: 1 } });
+    assert.equal(withField.status, 400, 'a field rotate-secret does not take is refused, not ignored');
+    assert.equal(withField.body.error.param, 'overlap_hours');
     const rotated = await t.request('POST', `/v1/webhooks/${id}/rotate-secret`, { key: operatorKey });
     assert.equal(rotated.status, 200, JSON.stringify(rotated.body));
     assert.match(rotated.body.signing_secret, /^whsec_/);
