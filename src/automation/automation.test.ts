@@ -218,12 +218,9 @@ describe('events, wallet states and automation', () => {
     assert.equal((await eventsOf('balance.low', watched.wallet_id)).length, 2, 'the crossing after the funding is told too');
   });
 
-  test('a latch and its event are written together: an event that cannot be written leaves the latch unset', async () => {
-    const wallet = await fundedWallet(t, '10');
-    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
-    await pay(wallet.wallet_id, '6');
+  /** One run of every job while the database refuses balance.low events, as a full disk or a lost connection would. */
+  const runJobsRefusingBalanceLowEvents = async () => {
     const db = t.service.ctx.db;
-    // The database refuses the event, as a full disk or a lost connection would.
     await db.query(`CREATE FUNCTION refuse_balance_low() RETURNS TRIGGER LANGUAGE plpgsql AS $$
       BEGIN IF NEW.type = 'balance.low' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
     await db.query('CREATE TRIGGER refuse_balance_low BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_balance_low()');
@@ -233,6 +230,13 @@ describe('events, wallet states and automation', () => {
       await db.query('DROP TRIGGER refuse_balance_low ON events');
       await db.query('DROP FUNCTION refuse_balance_low()');
     }
+  };
+
+  test('a latch and its event are written together: an event that cannot be written leaves the latch unset', async () => {
+    const wallet = await fundedWallet(t, '10');
+    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await pay(wallet.wallet_id, '6');
+    await runJobsRefusingBalanceLowEvents();
     assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 0);
     await t.service.jobs.runOnce();
     assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 1, 'told at the next tick: the crossing was not lost');
@@ -245,16 +249,7 @@ describe('events, wallet states and automation', () => {
       body: { enabled: true, triggerBelow: '5', topupAmount: String(Number(reserve) + 1_000_000) },
     })).status, 200);
     await pay(wallet.wallet_id, '2');
-    const db = t.service.ctx.db;
-    await db.query(`CREATE FUNCTION refuse_balance_low() RETURNS TRIGGER LANGUAGE plpgsql AS $$
-      BEGIN IF NEW.type = 'balance.low' THEN RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
-    await db.query('CREATE TRIGGER refuse_balance_low BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_balance_low()');
-    try {
-      await t.service.jobs.runOnce();
-    } finally {
-      await db.query('DROP TRIGGER refuse_balance_low ON events');
-      await db.query('DROP FUNCTION refuse_balance_low()');
-    }
+    await runJobsRefusingBalanceLowEvents();
     assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 0);
     for (let i = 0; i < 3; i += 1) await t.service.jobs.runOnce();
     const told = await eventsOf('balance.low', wallet.wallet_id);
