@@ -108,6 +108,31 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('a vault that is a party to an open escrow cannot be archived: its refund or release would be stranded', async () => {
+    const from = await fundedWallet(t, '4');
+    const to = await fundedWallet(t, '1');
+    assert.equal((await t.request('POST', `/v1/wallets/${to.wallet_id}/withdraw`, { body: { amount: 'all' } })).status, 200);
+    const created = await open(from, to.wallet_id, { timeoutSeconds: 60 });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    assert.equal(await balanceOf(t, from.wallet_id), '0.00', 'everything is in the escrow');
+    for (const party of [from, to]) {
+      const refused = await t.request('DELETE', `/v1/wallets/${party.wallet_id}`);
+      assert.equal(refused.status, 422, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'wallet_balance_not_zero');
+      assert.match(refused.body.error.message, /escrow still open/);
+      assert.notEqual((await t.request('GET', `/v1/wallets/${party.wallet_id}`)).body.status, 'archived');
+    }
+    // Refunded at its timeout, the money is back in the sender's vault, which can then be emptied and archived.
+    assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 61 } })).status, 200);
+    await tick();
+    assert.equal((await escrowOf(created.body.escrow_id)).status, 'refunded');
+    assert.equal(await balanceOf(t, from.wallet_id), '4.00');
+    assert.equal((await t.request('DELETE', `/v1/wallets/${to.wallet_id}`)).status, 200, 'the receiver, with nothing open, can go');
+    assert.equal((await t.request('POST', `/v1/wallets/${from.wallet_id}/withdraw`, { body: { amount: 'all' } })).status, 200);
+    assert.equal((await t.request('DELETE', `/v1/wallets/${from.wallet_id}`)).status, 200);
+    await assertConserved();
+  });
+
   test('forged or unverifiable proofs are invalid_proof and change nothing', async () => {
     const from = await fundedWallet(t, '20');
     const to = await fundedWallet(t, '0.5');

@@ -434,10 +434,16 @@ export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): 
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
     const pending = await tx.query(`SELECT 1 FROM transactions WHERE wallet_id = $1 AND status = 'pending' LIMIT 1`, [walletId]);
-    if (wallet.balance !== 0n || pending.length) {
+    // An escrow still open pays this vault back (a refund) or pays it (a release) later: an
+    // archived vault could never move that money on.
+    const escrowed = await tx.query(
+      `SELECT 1 FROM escrows WHERE (from_wallet_id = $1 OR to_wallet_id = $1)
+         AND (status IN ('locked', 'disputed') OR closing IS NOT NULL) LIMIT 1`, [walletId]);
+    if (wallet.balance !== 0n || pending.length || escrowed.length) {
       throw new ServiceError('wallet_balance_not_zero',
         pending.length ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
-          : `Wallet ${walletId} holds ${formatUsdc(wallet.balance)} USDC: withdraw it first (amount "all").`,
+          : escrowed.length ? `Wallet ${walletId} is a party to an escrow still open; archive it once the escrow is released, refunded or resolved.`
+            : `Wallet ${walletId} holds ${formatUsdc(wallet.balance)} USDC: withdraw it first (amount "all").`,
         { wallet_id: walletId });
     }
     await tx.query(
