@@ -266,6 +266,27 @@ describe('escrow', () => {
     assert.ok(events.some((e) => e.details.escrow_id === disputed.escrow_id), 'the tenant is told');
   });
 
+  test('an arbiter\'s refund gives the day\'s budget back on chain as in the service: the policy\'s next payment lands', async () => {
+    const policyId = await newPolicy(t, { maxPerDay: '10' });
+    const from = await fundedWallet(t, '20', policyId);
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id, { amount: '8' })).body;
+    assert.equal(created.status, 'locked', JSON.stringify(created));
+    assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'not delivered' } })).status, 200);
+    const refunded = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, {
+      key: await t.createKey('arbiter'), body: { decision: 'refund' },
+    });
+    assert.equal(refunded.body.status, 'refunded', JSON.stringify(refunded.body));
+    const vault = await t.service.ctx.chain.getVault(address(from.chain_address));
+    assert.equal(vault!.daySpent, 0n, 'the chain gave the day its 8.00 back');
+    const paid = await t.request('POST', '/v1/payments', {
+      body: { walletId: from.wallet_id, to: await newRecipient(), amount: '5', currency: 'USDC' },
+    });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    assert.equal(paid.body.status, 'confirmed', 'allowed by the policy and by the program alike');
+    await assertConserved();
+  });
+
   test('a dispute hands the escrow to an arbiter: release, refund or split, written on chain', async () => {
     const from = await fundedWallet(t, '30');
     const to = await fundedWallet(t, '0.5');
@@ -301,7 +322,8 @@ describe('escrow', () => {
       assert.equal(await balanceOf(t, to.wallet_id), receiverBalance, `${status}: receiver`);
       assert.equal(await balanceOf(t, from.wallet_id), senderBalance, `${status}: sender`);
       assert.equal(await chainBalance(to.chain_address), BigInt(Math.round(Number(receiverBalance) * 1e6)));
-      assert.equal((await t.service.ctx.chain.getEscrow(address(created.chain_address)))!.state, 5, 'resolved on chain');
+      assert.equal((await t.service.ctx.chain.getEscrow(address(created.chain_address)))!.state, status === 'refunded' ? 3 : 5,
+        'refunded or resolved on chain');
       if (status === 'refunded') {
         const [event] = await t.service.ctx.db.query<{ severity: string }>(
           `SELECT severity FROM events WHERE payload->>'escrow_id' = $1 AND type = 'escrow.refunded'`, [created.escrow_id]);

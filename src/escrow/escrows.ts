@@ -503,10 +503,13 @@ export async function resolveEscrow(
   const orgId = before.org_id;
   assertResolvable(before, split);
   const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [before.from_wallet_id]);
-  const prepared = await ctx.chain.prepare([
-    referenceMemoIx(`${escrowId}:resolve`),
-    await ctx.chain.escrowResolveIx(escrowId, address(before.receiver_address), address(sender!.chain_address), split),
-  ]);
+  // All back to the sender is the program's refund, signed by the arbiter: like a timeout's, it
+  // gives the vault's day its allowance back on chain, as the service gives its windows back.
+  // (Its resolve instruction does not, and the chain would then refuse payments the policy allows.)
+  const payout = split.toReceiver === 0n
+    ? await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address), true)
+    : await ctx.chain.escrowResolveIx(escrowId, address(before.receiver_address), address(sender!.chain_address), split);
+  const prepared = await ctx.chain.prepare([referenceMemoIx(`${escrowId}:resolve`), payout]);
   await ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
