@@ -7,8 +7,8 @@
  * recorded: the source was debited at once (so concurrent requests can never overdraw it); a
  * confirmation credits the destination, a failure gives the source its amount back.
  *
- * Lock order, everywhere: the organisation row before wallet rows, wallet rows by id. A
- * settlement touches one side only, so it can never close a cycle with a recording.
+ * Lock order, everywhere: organisation rows before wallet rows, each by id. A settlement
+ * batch locks the organisations whose reserve it moves before any wallet.
  */
 import type { Signature } from '@solana/kit';
 import type { TransactionOutcome } from '../chain/client.ts';
@@ -224,7 +224,14 @@ export async function settleSignatures(
        WHERE t.tx_signature = s.signature AND t.status = 'pending' RETURNING t.*`,
       [unique.map(([signature]) => signature), unique.map(([, o]) => (o.err ? 'failed' : 'confirmed')),
         unique.map(([, o]) => text(o.slot)), unique.map(([, o]) => o.err?.name ?? null), now]);
-    // Wallets are locked in id order, as everywhere.
+    // The organisations whose reserve a rule moves (a withdrawal confirmed, a funding failed)
+    // are locked first, in id order, then the wallets in id order, as everywhere: a funding
+    // request holds its reserve and then waits for its vault, so a settlement that took a vault
+    // before a reserve could close a cycle with it.
+    const reserves = [...new Set(rows.filter((row) => row.type === 'withdrawal' || row.type === 'funding').map((row) => row.org_id))].sort();
+    if (reserves.length) {
+      await tx.query('SELECT id FROM organizations WHERE id = ANY($1::text[]) ORDER BY id FOR NO KEY UPDATE', [reserves]);
+    }
     rows.sort((a, b) => (a.wallet_id ?? '').localeCompare(b.wallet_id ?? ''));
     const inBulk = new Map<TransactionType, TransactionRow[]>();
     for (const row of rows) {

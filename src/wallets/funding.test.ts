@@ -9,7 +9,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
 import { recordEvent } from '../events/events.ts';
-import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
+import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending, settleSignatures } from '../transactions/settlement.ts';
 
 let agentCounter = 0;
 
@@ -282,6 +282,61 @@ describe('funding under concurrency', () => {
       assert.equal(funded.status, 200, JSON.stringify(funded.body));
       assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '3.00');
     } finally {
+      await holding.close();
+    }
+  });
+
+  /**
+   * A settlement batch that credits one vault and moves a reserve (a withdrawal confirmed),
+   * beside a funding of that vault, which holds the reserve and waits for the vault: the batch
+   * must take the reserve before any vault, or the two deadlock.
+   */
+  test('a settlement moving a reserve and a funding of one of its vaults do not deadlock', async (context) => {
+    if (!process.env.DATABASE_URL) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no lock can be held beside another)');
+      return;
+    }
+    const org = await t.createOrganization('Settled beside a funding');
+    await deposit(t, '5', org.adminKey);
+    const [first, second] = [await newWallet(t, org.adminKey), await newWallet(t, org.adminKey)].sort((a, b) => a.wallet_id.localeCompare(b.wallet_id));
+    const { ctx } = t.service;
+    // Recorded as their requests would have them (the chain is not needed: the outcomes are given).
+    const signatures = [`credit-${first!.wallet_id}`, `withdraw-${second!.wallet_id}`];
+    await ctx.db.transaction(async (tx) => {
+      await insertTransaction(tx, ctx.clock.nowMs(), {
+        orgId: org.orgId, walletId: first!.wallet_id, type: 'funding', amount: 1n, recipient: first!.chain_address,
+        signature: signatures[0]!, lastValidBlockHeight: null,
+      });
+      await insertTransaction(tx, ctx.clock.nowMs(), {
+        orgId: org.orgId, walletId: second!.wallet_id, type: 'withdrawal', amount: 1n, recipient: null,
+        signature: signatures[1]!, lastValidBlockHeight: null,
+      });
+    });
+    const [{ schema }] = await ctx.db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const holding = await openDatabase({ databaseUrl: process.env.DATABASE_URL!, dataDir: null, schema });
+    let release = () => {};
+    const released = new Promise<void>((resolve) => { release = resolve; });
+    try {
+      let held!: (pid: number) => void;
+      const isHeld = new Promise<number>((resolve) => { held = resolve; });
+      const holder = holding.transaction(async (tx) => {
+        await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [first!.wallet_id]);
+        held((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
+        await released;
+      });
+      const holderPid = await isHeld;
+      const settled = settleSignatures(ctx.db, ctx.clock.nowMs(), signatures.map((signature) => ({ signature, outcome: { slot: 1n, err: null } })));
+      await queuedBehind(holding, holderPid, 1);
+      const funding = t.request('POST', `/v1/wallets/${first!.wallet_id}/fund`, { key: org.adminKey, body: { amount: '2' } });
+      await queuedBehind(holding, holderPid, 2);
+      release();
+      const outcomes = await Promise.allSettled([holder, settled, funding]);
+      assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok', 'ok']);
+      const funded = await funding;
+      assert.equal(funded.status, 200, JSON.stringify(funded.body));
+      assert.deepEqual((await settled).map((rows) => rows.map((row) => row.status)), [['confirmed'], ['confirmed']]);
+    } finally {
+      release();
       await holding.close();
     }
   });
