@@ -76,7 +76,15 @@ describe('payments', () => {
     const frozen = await fundedWallet(t, '1');
     await t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { body: { status: 'frozen' } });
     const to = await newRecipient();
+    // The service's own accounts: credited on chain, in no index. Agents pay each other through escrow.
+    const reserve = (await t.request('GET', '/v1/organization')).body.reserve.chain_address as string;
+    const otherVault = (await t.request('GET', `/v1/wallets/${frozen.wallet_id}`)).body.chain_address as string;
+    const vaultDomain = `${unique('vault')}.example`;
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: vaultDomain, address: otherVault } })).status, 200);
     const cases: Array<[string, Record<string, unknown>, number, string]> = [
+      [wallet.wallet_id, { to: otherVault }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: reserve }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: vaultDomain }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { amount: '0' }, 400, 'invalid_amount'],
       [wallet.wallet_id, { amount: '-1' }, 400, 'invalid_amount'],
       [wallet.wallet_id, { amount: '1.1234567' }, 400, 'invalid_amount'],

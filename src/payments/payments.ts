@@ -28,7 +28,7 @@ import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { RULE_COLUMNS, findPolicy, rulesOf, type RuleColumns } from '../policies/policies.ts';
 import {
-  recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, type RecipientTarget, type ResolvedRecipient,
+  recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, serviceAccountSql, type RecipientTarget, type ResolvedRecipient,
 } from '../recipients/recipients.ts';
 import {
   awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
@@ -215,6 +215,7 @@ interface PaymentRead {
 
 type PaymentReadRow = WalletWithPolicy & {
   request_index: bigint; recipient_entry_id: string | null; recipient_entry_address: string; recipient_entry_category: string | null;
+  recipient_service_account: boolean;
 };
 
 /** The reads of concurrent payment requests are made together, one statement for a group (src/db/group-commit.ts). */
@@ -234,7 +235,7 @@ const PAYMENT_READ_ONE = '(SELECT $1::text AS org_id, $2::text AS wallet_id, $3:
 const PAYMENT_READ_MANY = 'unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS k(org_id, wallet_id, address, domain, request_index)';
 const paymentReadSql = (source: string) =>
   `SELECT k.request_index, wallet.*, entry.id AS recipient_entry_id, entry.address AS recipient_entry_address,
-     entry.category AS recipient_entry_category
+     entry.category AS recipient_entry_category, ${serviceAccountSql('COALESCE(entry.address, k.address)')} AS recipient_service_account
    FROM ${source}
    LEFT JOIN LATERAL (${WALLET_SELECT} WHERE w.org_id = k.org_id AND w.id = k.wallet_id) wallet ON TRUE
    LEFT JOIN LATERAL (${recipientEntrySql('k')}) entry ON TRUE`;
@@ -270,10 +271,11 @@ export async function readPayment(
   const row = await paymentReaderOf(db).submit({ orgId, walletId, target });
   if (!row) return { wallet: null, recipient: () => resolvedRecipient(to, target, undefined, category) };
   const {
-    request_index: _index, recipient_entry_id: id, recipient_entry_address: address, recipient_entry_category: entryCategory, ...wallet
+    request_index: _index, recipient_entry_id: id, recipient_entry_address: address, recipient_entry_category: entryCategory,
+    recipient_service_account: serviceAccount, ...wallet
   } = row;
   const entry = id === null ? undefined : { id, address, category: entryCategory };
-  return { wallet, recipient: () => resolvedRecipient(to, target, entry, category) };
+  return { wallet, recipient: () => resolvedRecipient(to, target, entry, category, serviceAccount) };
 }
 
 /** A signed payment on its way to being decided and recorded. */

@@ -242,11 +242,35 @@ export const recipientEntrySql = (k: string): string =>
    ORDER BY e.category IS NULL, e.created_at, e.id LIMIT 1`;
 
 /**
+ * Whether `address` (an SQL expression) is one of this service's own accounts: a vault or an
+ * organisation's reserve, of any organisation. A payment there would be credited on chain and
+ * in no index, so it is refused: agents pay each other through escrow, and money moves between
+ * a reserve and its vaults by funding and withdrawal.
+ */
+export const serviceAccountSql = (address: string): string =>
+  `(EXISTS (SELECT 1 FROM wallets sw WHERE sw.chain_address = ${address})
+    OR EXISTS (SELECT 1 FROM organizations so WHERE so.reserve_address = ${address}))`;
+
+/**
  * What a payment's `to` means for the organisation, given its directory entry: the address to
  * pay, the entry (if any) and the category the payment counts under (the directory's, else the
- * request's, lowercase). Throws `invalid_recipient`.
+ * request's, lowercase). Throws `invalid_recipient`, also when the address is one of the
+ * service's own accounts (`serviceAccount`, from `serviceAccountSql`).
  */
 export function resolvedRecipient(
+  to: string, target: RecipientTarget | null, entry: RecipientEntry | undefined, requestCategory?: string | null,
+  serviceAccount = false,
+): ResolvedRecipient {
+  const resolved = resolvedTarget(to, target, entry, requestCategory);
+  if (serviceAccount) {
+    throw new ServiceError('invalid_recipient',
+      `${resolved.address} is an account of this service (a vault or an organisation's reserve): pay another agent through `
+        + 'escrow (POST /v1/payments/a2a), and move money between a reserve and its vaults with fund and withdraw.', { param: 'to' });
+  }
+  return resolved;
+}
+
+function resolvedTarget(
   to: string, target: RecipientTarget | null, entry: RecipientEntry | undefined, requestCategory?: string | null,
 ): ResolvedRecipient {
   const fallbackCategory = requestCategory == null ? null : categoryOf(requestCategory);
@@ -268,8 +292,10 @@ export async function resolveRecipient(
   q: Queryable, orgId: string, to: string, requestCategory?: string | null,
 ): Promise<ResolvedRecipient> {
   const target = recipientTarget(to);
-  const [entry] = target === null ? [] : await q.query<RecipientEntry>(
-    `SELECT entry.* FROM (SELECT $1::text AS org_id, $2::text AS address, $3::text AS domain) k, LATERAL (${recipientEntrySql('k')}) entry`,
+  const [row] = target === null ? [] : await q.query<RecipientEntry & { service_account: boolean }>(
+    `SELECT entry.id, entry.address, entry.category, ${serviceAccountSql('COALESCE(entry.address, k.address)')} AS service_account
+     FROM (SELECT $1::text AS org_id, $2::text AS address, $3::text AS domain) k LEFT JOIN LATERAL (${recipientEntrySql('k')}) entry ON TRUE`,
     [orgId, target.address, target.domain]);
-  return resolvedRecipient(to, target, entry, requestCategory);
+  const entry = row && row.id !== null ? { id: row.id, address: row.address, category: row.category } : undefined;
+  return resolvedRecipient(to, target, entry, requestCategory, row?.service_account ?? false);
 }
