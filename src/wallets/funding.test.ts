@@ -8,6 +8,7 @@ import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
+import { requestHash } from '../http/idempotency.ts';
 import { recordEvent } from '../events/events.ts';
 import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending, settleSignatures } from '../transactions/settlement.ts';
 
@@ -385,10 +386,26 @@ describe('crash recovery', () => {
         signature: prepared.signature, lastValidBlockHeight: expiredHeight,
       });
     });
+    // As a process killed after recording leaves its idempotency key: running, lease over, the move named.
+    const key = `crashed-${recorded.id}`;
+    const nowMs = ctx.clock.nowMs();
+    await ctx.db.query(
+      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until, resource_id)
+       VALUES ($1, $2, $3, 'running', $4, $5, $4, $6)`,
+      [t.orgId, key, requestHash('wallets.fund', { walletId: wallet.wallet_id, amount: 1_000_000n }), new Date(nowMs - 1),
+        new Date(nowMs + 3_600_000), prepared.signature]);
     assert.equal(await reconcilePending(ctx, 0), 1);
     const [settled] = await ctx.db.query<{ status: string }>('SELECT status FROM transactions WHERE id = $1', [recorded.id]);
     assert.equal(settled!.status, 'failed');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserveBefore);
+    // The retry learns how it ended: failed (expired unsent), its amount back in the reserve.
+    for (let i = 0; i < 2; i += 1) {
+      const retried = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '1' }, headers: { 'idempotency-key': key } });
+      assert.equal(retried.status, 200, JSON.stringify(retried.body));
+      assert.equal(retried.body.status, 'failed');
+      assert.equal(retried.body.tx_id, recorded.id);
+      assert.equal(retried.body.org_balance_remaining, reserveBefore);
+    }
     await assertIndexEqualsChainAndConserved(t);
   });
 });

@@ -77,12 +77,15 @@ function assertUsdc(currency: string | undefined): void {
   }
 }
 
-/** A settled move the chain refused: the index and the chain disagree, which must never pass silently. */
+/**
+ * A settled move the chain refused for want of funds is that refusal (the index said the source
+ * could pay: it must not pass silently). Any other failure (it expired unsent, after a crash) is
+ * the move's answer, `status: "failed"`: its settlement gave the amount back, index and chain agree.
+ */
 function assertNotFailed(result: MoveResult, code: 'org_insufficient_balance' | 'withdrawal_exceeds_balance'): void {
   if (result.status !== 'failed') return;
   const reason = result.transactions[0]?.failure_reason;
   if (reason === 'InsufficientFunds') throw new ServiceError(code, 'The chain refused the transfer: the source balance does not cover it.');
-  throw new Error(`transfer failed on chain: ${reason}`);
 }
 
 const slotOf = (row: TransactionRow): number | null => (row.on_chain_slot === null ? null : Number(row.on_chain_slot));
