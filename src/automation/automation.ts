@@ -83,11 +83,8 @@ function lowBalanceEvent(
 /** The `wallets.automation` job: auto-topups and balance.low. */
 export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; lowBalance: number }> {
   const now = new Date(ctx.clock.nowMs());
-  // Latches re-arm once the balance is back.
-  await ctx.db.query(
-    `UPDATE wallets SET topup_fired_at = NULL WHERE topup_fired_at IS NOT NULL AND balance >= COALESCE(auto_topup_trigger_below, 0)`);
-  await ctx.db.query(
-    `UPDATE wallets SET low_balance_fired_at = NULL WHERE low_balance_fired_at IS NOT NULL AND balance >= COALESCE(low_balance_threshold, 0)`);
+  // Latches re-arm as the balance is written back at or above their trigger (migration 0018),
+  // or when the trigger or threshold is set again: nothing to scan for here.
 
   // Each latch is set in the transaction that writes its event (the outbox): both or neither.
   const lows = await ctx.db.transaction(async (tx) => {

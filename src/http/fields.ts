@@ -26,3 +26,6 @@ export const currencyField = (description = 'USDC'): TString => codedString('inv
 
 /** A payment's recipient: a chain address or a domain of the recipient directory. */
 export const recipientField = (description: string): TString => codedString('invalid_recipient', { minLength: 1, maxLength: 253, description });
+
+/** The body of an endpoint that takes no field: none, or `{}`; a field sent is refused, not ignored. */
+export const NoFields = Type.Object({}, { additionalProperties: false });

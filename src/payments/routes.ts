@@ -3,7 +3,7 @@
  * co-signature decisions. Reads of a payment are the transaction view (src/transactions).
  */
 import { Type } from 'typebox';
-import { amountField, currencyField, recipientField } from '../http/fields.ts';
+import { NoFields, amountField, currencyField, recipientField } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
@@ -185,8 +185,6 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
   });
 
   const TxParams = Type.Object({ tx_id: Type.String({ maxLength: 64 }) });
-  /** A body, if sent, must be empty: a field this route does not take is refused, not ignored. */
-  const NoFields = Type.Object({}, { additionalProperties: false });
 
   app.post('/v1/payments/:tx_id/approve', {
     config: { permission: 'write' },

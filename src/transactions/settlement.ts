@@ -228,7 +228,9 @@ export async function settleSignatures(
     // are locked first, in id order, then the wallets in id order, as everywhere: a funding
     // request holds its reserve and then waits for its vault, so a settlement that took a vault
     // before a reserve could close a cycle with it.
-    const reserves = [...new Set(rows.filter((row) => row.type === 'withdrawal' || row.type === 'funding').map((row) => row.org_id))].sort();
+    const movesReserve = (row: TransactionRow) =>
+      (row.type === 'withdrawal' && row.status === 'confirmed') || (row.type === 'funding' && row.status === 'failed');
+    const reserves = [...new Set(rows.filter(movesReserve).map((row) => row.org_id))].sort();
     if (reserves.length) {
       await tx.query('SELECT id FROM organizations WHERE id = ANY($1::text[]) ORDER BY id FOR NO KEY UPDATE', [reserves]);
     }

@@ -6,6 +6,7 @@ import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
+import { NoFields } from '../http/fields.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
 import { OUTBOUND_URL_LENGTH_MAX } from '../net/outbound.ts';
 import {
@@ -54,7 +55,7 @@ export function verifierRoutes(app: App, ctx: AppContext): void {
       tags: ['Verifiers'], summary: 'A new signing secret, in this response only; the previous one keeps verifying for 24 hours',
       description: 'Only one previous secret is kept: rotating again within 24 hours ends the older one at once. '
         + 'A revoked verifier answers 400 `invalid_request` with `param: "verifier_id"`.',
-      params: VerifierParams, body: Type.Object({}, { additionalProperties: false }), response: { 200: VerifierWithSecretView },
+      params: VerifierParams, body: NoFields, response: { 200: VerifierWithSecretView },
     },
   }, async (request) => verifierWithSecretView(await rotateVerifierSecret(
     ctx.db, ctx.clock.nowMs(), principalOf(request).orgId, request.params.verifier_id)));

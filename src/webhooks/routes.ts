@@ -7,6 +7,7 @@ import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
+import { NoFields } from '../http/fields.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
 import { OUTBOUND_URL_LENGTH_MAX } from '../net/outbound.ts';
 import { DeliveryStatusSchema, DeliveryView, PingResultView, listDeliveries, sendTestPing } from './delivery.ts';
@@ -96,7 +97,7 @@ export function webhookRoutes(app: App, ctx: AppContext): void {
       summary: 'A new signing secret, in this response only; for 24 hours deliveries are signed with both',
       description: '`Service-Signature` is made with the new secret at once; `Service-Signature-Previous` carries the signature '
         + 'with the replaced one until `previous_secret_expires_at`. Rotating again within 24 hours ends the older secret at once.',
-      params: WebhookParams, body: Type.Object({}, { additionalProperties: false }), response: { 200: WebhookWithSecretView },
+      params: WebhookParams, body: NoFields, response: { 200: WebhookWithSecretView },
     },
   }, async (request) => webhookWithSecretView(await rotateSigningSecret(
     ctx.db, ctx.clock.nowMs(), principalOf(request).orgId, request.params.webhook_id)));
@@ -108,7 +109,7 @@ export function webhookRoutes(app: App, ctx: AppContext): void {
       description: 'Sent whatever the webhook\'s status, once (never retried), and recorded in the delivery log; it never '
         + 'changes the webhook\'s status. A failure is reported in the body (`success: false`), not as an HTTP error.',
       params: WebhookParams,
-      body: Type.Optional(Type.Object({}, { additionalProperties: false })),
+      body: Type.Optional(NoFields),
       response: { 200: PingResultView },
     },
   }, async (request) => sendTestPing(ctx, principalOf(request).orgId, request.params.webhook_id));

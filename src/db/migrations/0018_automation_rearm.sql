@@ -17,3 +17,10 @@ END $$;
 CREATE TRIGGER wallets_rearm_automation BEFORE UPDATE OF balance ON wallets
   FOR EACH ROW WHEN (NEW.topup_fired_at IS NOT NULL OR NEW.low_balance_fired_at IS NOT NULL)
   EXECUTE FUNCTION wallets_rearm_automation();
+
+-- Latches already back (the job cleared them on its ticks until now) are cleared once here.
+UPDATE wallets SET topup_fired_at = NULL WHERE topup_fired_at IS NOT NULL AND balance >= COALESCE(auto_topup_trigger_below, 0);
+UPDATE wallets SET low_balance_fired_at = NULL WHERE low_balance_fired_at IS NOT NULL AND balance >= COALESCE(low_balance_threshold, 0);
+-- The job no longer scans for latched vaults (migration 0014's indexes served that scan).
+DROP INDEX wallets_topup_latched;
+DROP INDEX wallets_low_balance_latched;
