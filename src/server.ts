@@ -12,6 +12,7 @@ import { migrate } from './db/migrate.ts';
 import { buildApp, type App } from './http/app.ts';
 import type { AppContext } from './http/context.ts';
 import { bootstrapOrganizations } from './organizations/organizations.ts';
+import { settlementsWritten } from './transactions/settlement.ts';
 import { AttemptSender } from './webhooks/sender.ts';
 import { JOBS } from './workers/jobs.ts';
 import { startJobs, type JobRunner } from './workers/runner.ts';
@@ -65,6 +66,8 @@ export async function buildService(config: Config, options: BuildServiceOptions 
         await jobs.stop();
         await ctx.webhookSender.close();
         await openedChain.close();
+        // Settlements written behind their answers (or whose outcome came as the chain closed).
+        await settlementsWritten(openedDb);
         await openedDb.close();
       },
     };

@@ -14,6 +14,7 @@ import { loadConfig, type Config } from '../src/config/config.ts';
 import { openDatabase, quoteIdentifier } from '../src/db/database.ts';
 import { createOrganization, insertApiKey } from '../src/organizations/organizations.ts';
 import { buildService, type Service } from '../src/server.ts';
+import { settlementsWritten } from '../src/transactions/settlement.ts';
 
 export const ADMIN_KEY = 'av_admin_testtesttesttesttesttesttest0001';
 
@@ -39,6 +40,12 @@ export interface TestService {
   createKey(role: Role, orgId?: string): Promise<string>;
   /** a second organisation with its admin key, for isolation tests */
   createOrganization(name?: string): Promise<{ orgId: string; adminKey: string }>;
+  /**
+   * Resolves once the service has written every settlement it started: a confirmed payment is
+   * answered before its settlement (its index row and events) is written, as a client would
+   * otherwise see by polling.
+   */
+  settled(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -87,6 +94,7 @@ export async function startTestService(options: { env?: Record<string, string>; 
       const { org, adminKey } = await createOrganization(ctx, { name });
       return { orgId: org.id, adminKey: adminKey.key };
     },
+    settled: () => settlementsWritten(ctx.db),
     async close() {
       await service.close();
       rmSync(dataDir, { recursive: true, force: true });

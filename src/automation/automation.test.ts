@@ -16,7 +16,8 @@ describe('events, wallet states and automation', () => {
   const advance = (seconds: number) => t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds } });
   const pay = (walletId: string, amount: string, to?: string) => newRecipient().then((recipient) =>
     t.request('POST', '/v1/payments', { body: { walletId, to: to ?? recipient, amount, currency: 'USDC' } }));
-  const eventsOf = async (type: string, walletId?: string) => (await t.request('GET',
+  // A confirmed payment is answered before its settlement's events are written.
+  const eventsOf = async (type: string, walletId?: string) => (await t.settled(), await t.request('GET',
     `/v1/events?type=${type}&limit=100${walletId ? `&walletId=${walletId}` : ''}`)).body.data as Array<{
       type: string; severity: string; wallet_id: string | null; details: Record<string, unknown>; timestamp: string;
     }>;
@@ -27,6 +28,7 @@ describe('events, wallet states and automation', () => {
   test('the activity feed filters by type, vault, severity and time, 90 days back at most, organisation only', async () => {
     const wallet = await fundedWallet(t, '5');
     await pay(wallet.wallet_id, '1');
+    await t.settled();
     const all = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}`);
     assert.equal(all.status, 200, JSON.stringify(all.body));
     assert.deepEqual(all.body.data.map((e: { type: string }) => e.type),

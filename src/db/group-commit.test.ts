@@ -97,3 +97,22 @@ test('a refused item is refused alone; a failed batch is written again item by i
   w.finish.shift()!();
   assert.equal(await later, 'wrote 8', 'the queue goes on');
 });
+
+test('idle resolves at once on an empty queue, and otherwise once everything queued and running is written', async () => {
+  const w = controlledWrite();
+  const queue = new GroupCommit(w.write, { maxBatch: 100, concurrency: 1, gather: true });
+  await queue.idle();
+  const written: string[] = [];
+  const items = [0, 2].map((n) => queue.submit(n).then((value) => { written.push(value); }));
+  let idle = false;
+  const idled = queue.idle().then(() => { idle = true; });
+  await w.settle();
+  const late = queue.submit(4).then((value) => { written.push(value); });
+  w.finish.shift()!();
+  await w.settle();
+  assert.equal(idle, false, 'the item that came during the first batch is still to be written');
+  w.finish.shift()!();
+  await idled;
+  assert.deepEqual(written, ['wrote 0', 'wrote 2', 'wrote 4'], 'idle came after every write');
+  await Promise.all([...items, late]);
+});

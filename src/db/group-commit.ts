@@ -55,7 +55,21 @@ export class GroupCommit<Item, Result> {
     });
   }
 
+  /** Resolves once nothing is queued or being written. */
+  idle(): Promise<void> {
+    if (this.#running === 0 && this.#queue.length === 0 && !this.#gathering) return Promise.resolve();
+    return new Promise((resolve) => this.#idleWaiters.push(resolve));
+  }
+
+  #idleWaiters: Array<() => void> = [];
+
   #next(): void {
+    if (this.#running === 0 && this.#queue.length === 0) {
+      const waiters = this.#idleWaiters;
+      this.#idleWaiters = [];
+      for (const resolve of waiters) resolve();
+      return;
+    }
     while (this.#running < this.#concurrency && this.#queue.length > 0) {
       const batch = this.#queue.splice(0, this.#maxBatch);
       this.#running += 1;

@@ -34,6 +34,52 @@ describe('payments', () => {
   before(async () => { t = await startTestService(); });
   after(async () => { await t.close(); });
 
+  test('a confirmation is answered before its settlement is written, and a read of the payment settles it first', async () => {
+    const wallet = await fundedWallet(t, '10');
+    const db = t.service.ctx.db;
+    // The settlement (its transaction.completed event) cannot be written for this vault while the trigger stands.
+    await db.query(`CREATE FUNCTION refuse_completed() RETURNS TRIGGER LANGUAGE plpgsql AS $$
+      BEGIN IF NEW.type = 'transaction.completed' AND NEW.wallet_id = '${wallet.wallet_id}' THEN
+        RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
+    await db.query('CREATE TRIGGER refuse_completed BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_completed()');
+    const answers = [];
+    try {
+      for (const amount of ['1', '2']) {
+        answers.push(await t.request('POST', '/v1/payments', {
+          body: { walletId: wallet.wallet_id, to: await newRecipient(), amount, currency: 'USDC' },
+        }));
+      }
+      await t.settled();
+    } finally {
+      await db.query('DROP TRIGGER refuse_completed ON events');
+      await db.query('DROP FUNCTION refuse_completed()');
+    }
+    const [first, second] = answers;
+    for (const answer of answers) {
+      assert.equal(answer!.status, 200, JSON.stringify(answer!.body));
+      assert.equal(answer!.body.status, 'confirmed', 'the chain confirmed it');
+      assert.equal(typeof answer!.body.on_chain_slot, 'number');
+      assert.ok(answer!.body.settled_at);
+    }
+    assert.equal(await countRows(t, wallet.wallet_id, 'pending'), 2, 'the index has not settled them yet');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '7.00', 'debited when recorded');
+
+    const read = await t.request('GET', `/v1/payments/${first!.body.tx_id}`);
+    assert.equal(read.body.status, 'confirmed', 'a read settles it from the chain first');
+    assert.equal(read.body.on_chain_slot, first!.body.on_chain_slot);
+    const listed = (await t.request('GET', `/v1/wallets/${wallet.wallet_id}/transactions?type=payment`)).body.data as Array<{
+      tx_id: string; status: string;
+    }>;
+    assert.deepEqual(listed.map((row) => [row.tx_id, row.status]),
+      [[second!.body.tx_id, 'confirmed'], [first!.body.tx_id, 'confirmed']], 'so does a list');
+    assert.equal(await countRows(t, wallet.wallet_id, 'confirmed'), 2);
+    const completed = await db.query<{ payload: { tx_id: string } }>(
+      `SELECT payload FROM events WHERE wallet_id = $1 AND type = 'transaction.completed'`, [wallet.wallet_id]);
+    assert.deepEqual(completed.map((e) => e.payload.tx_id).sort(), [first!.body.tx_id, second!.body.tx_id].sort(), 'each settled once');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '7.00');
+    await assertVaultConsistent(t, wallet.wallet_id, 10_000_000n);
+  });
+
   test('a payment is checked, sent, confirmed in one slot and lands in the recipient\'s token account', async () => {
     const wallet = await fundedWallet(t, '50');
     const to = await newRecipient();
@@ -51,6 +97,7 @@ describe('payments', () => {
     assert.equal(paid.body.signature, paid.body.tx_signature);
     assert.equal(await t.service.ctx.chain.getUsdcBalance(address(to)), 12_500_000n);
     assert.equal(await balanceOf(t, wallet.wallet_id), '37.50');
+    await t.settled();
     const events = await t.service.ctx.db.query<{ type: string; payload: Record<string, unknown> }>(
       `SELECT type, payload FROM events WHERE wallet_id = $1 AND type LIKE 'transaction.%' ORDER BY id`, [wallet.wallet_id]);
     assert.deepEqual(events.map((e) => e.type), ['transaction.pending', 'transaction.completed']);
@@ -223,7 +270,7 @@ describe('payments', () => {
     assert.equal(big.body.approval.status, 'awaiting');
     assert.equal(big.body.tx_signature, null);
     assert.equal(await balanceOf(t, wallet.wallet_id), '17.00', 'nothing is taken before approval');
-    const eventsOf = async (txId: string) => (await t.service.ctx.db.query<{ type: string }>(
+    const eventsOf = async (txId: string) => (await t.settled(), await t.service.ctx.db.query<{ type: string }>(
       `SELECT type FROM events WHERE payload->>'tx_id' = $1 ORDER BY created_at, id`, [txId])).map((e) => e.type);
     assert.deepEqual(await eventsOf(big.body.tx_id), [], 'nothing is submitted while it awaits');
     const viewer = await t.createKey('viewer');

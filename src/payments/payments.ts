@@ -31,7 +31,7 @@ import {
   recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, serviceAccountSql, type RecipientTarget, type ResolvedRecipient,
 } from '../recipients/recipients.ts';
 import {
-  awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
+  awaitConfirmation, awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
 import {
   WALLET_SELECT, archivedError, assertNotArchived, lockWallet, walletNotFound, type WalletRow, type WalletWithPolicy,
@@ -472,26 +472,28 @@ function debitWalletsSql(params: Params, nowMs: number, spent: ReadonlyMap<strin
 }
 
 /**
- * Sends a recorded payment and, when asked, waits for its outcome and settles it. Not waiting,
- * the answer goes out once a chain of its own (a cluster, a validator in another process) has
- * taken the transaction: the payment then lands even if this process stops. The embedded
- * validator stops with this process, taken or not, so there the answer goes out as the
- * transaction leaves. Whatever becomes of the send, the payment is recorded with its
- * signature, and the settlement below or the reconciler learns the outcome from the chain.
+ * Sends a recorded payment and, when asked, waits for its outcome. Waiting, a confirmation is
+ * answered as soon as the chain gives it, its settlement written behind the answer (see
+ * awaitConfirmation: a confirmed payment moves no balance, its vault was debited when it was
+ * recorded); a failure once settled. Not waiting, the answer goes out once a chain of its own
+ * (a cluster, a validator in another process) has taken the transaction: the payment then lands
+ * even if this process stops. The embedded validator stops with this process, taken or not, so
+ * there the answer goes out as the transaction leaves. Whatever becomes of the send, the payment
+ * is recorded with its signature, and its settlement or the reconciler learns the outcome from
+ * the chain.
  */
 async function send(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow, wait: boolean): Promise<TransactionRow> {
   const submitted = ctx.chain.submit(prepared).catch((error: unknown) => {
     // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a payment failed');
   });
-  const settled = awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS);
   if (wait) {
-    const [, settlement] = await Promise.all([submitted, settled]);
-    // The row as its settlement left it; read again only when another settled it (or none yet).
-    return settlement?.rows.find((row) => row.id === recorded.id) ?? reload(ctx.db, recorded.id);
+    const [, answered] = await Promise.all([submitted, awaitConfirmation(ctx, recorded, PAYMENT_WAIT_MS)]);
+    return answered ?? reload(ctx.db, recorded.id);
   }
   // Settled in the background; the reconciler covers a process that stops before.
-  settled.catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS)
+    .catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
   if (!ctx.chain.embedded) await submitted;
   return recorded;
 }

@@ -11,7 +11,7 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
-import type { TransactionRow } from '../transactions/settlement.ts';
+import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
 import { TransactionView, getTransaction, transactionView } from '../transactions/views.ts';
 import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
 import { SpendingView, spendingOf } from './budgets.ts';
@@ -102,7 +102,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       orgId: principal.orgId, key: idempotencyKeyOf(headers['idempotency-key'], body.idempotencyKey),
       operation: 'payments.create', params: { ...input, currency: body.currency }, nowMs: ctx.clock.nowMs(),
       // After a crash: the payment as it stands now (the reconciler settles it meanwhile).
-      recover: async (txId) => answer(outcomeOf(await getTransaction(ctx.db, principal.orgId, txId))),
+      recover: async (txId) => answer(outcomeOf((await settleKnownOutcomes(ctx, [await getTransaction(ctx.db, principal.orgId, txId)]))[0]!)),
     }, async (mark) => answer(await pay(ctx, principal.orgId, input, {
       wait: body.waitForConfirmation ?? true, mark, wallet, recipient, keyId: principal.keyId,
     })));

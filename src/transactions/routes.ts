@@ -9,7 +9,7 @@ import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageQuery, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
-import type { TransactionStatus, TransactionType } from './settlement.ts';
+import { settleKnownOutcomes, type TransactionStatus, type TransactionType } from './settlement.ts';
 import {
   TransactionStatusSchema, TransactionTypeSchema, TransactionView, getTransaction, listTransactions, transactionView,
   type TransactionFilter,
@@ -104,7 +104,8 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const { orgId } = principalOf(request);
-    return transactionView(await getTransaction(ctx.db, orgId, request.params.tx_id), ctx);
+    const [row] = await settleKnownOutcomes(ctx, [await getTransaction(ctx.db, orgId, request.params.tx_id)]);
+    return transactionView(row!, ctx);
   });
 
   app.get('/v1/payments/:tx_id', {
@@ -123,7 +124,8 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
       if (wallet === null) throw invalidSession();
       assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
     }
-    return transactionView(row, ctx);
+    const [settled] = await settleKnownOutcomes(ctx, [row]);
+    return transactionView(settled!, ctx);
   });
 
   app.get('/v1/transactions', {
@@ -135,7 +137,7 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const page = parsePageRequest(request.query);
-    const rows = await listTransactions(ctx.db, orgId, filterOf(request.query), page);
+    const rows = await settleKnownOutcomes(ctx, await listTransactions(ctx.db, orgId, filterOf(request.query), page));
     return toPage(rows, page, (row) => transactionView(row, ctx));
   });
 
@@ -151,7 +153,8 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
     const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
     assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
     const page = parsePageRequest(request.query);
-    const rows = await listTransactions(ctx.db, principal.orgId, { ...filterOf(request.query), walletId: wallet.id }, page);
+    const rows = await settleKnownOutcomes(ctx,
+      await listTransactions(ctx.db, principal.orgId, { ...filterOf(request.query), walletId: wallet.id }, page));
     return toPage(rows, page, (row) => transactionView(row, ctx));
   });
 }

@@ -207,23 +207,30 @@ export async function settleSignature(
 
 type ChainOutcome = { slot: bigint | null; err: { name: string } | null };
 
+/** A signature's outcome to settle; `settledAtMs` (default: the batch's time) is the rows' `settled_at`. */
+interface SettlementItem {
+  signature: string;
+  outcome: ChainOutcome;
+  settledAtMs?: number;
+}
+
 /**
  * Settles several signatures in one database transaction: one statement marks every row, and
  * the rules run per row — or once for all rows of a type that settles in bulk. Answers the rows
  * each signature settled, in order.
  */
 export async function settleSignatures(
-  db: Database, nowMs: number, settled: ReadonlyArray<{ signature: string; outcome: ChainOutcome }>,
+  db: Database, nowMs: number, settled: readonly SettlementItem[],
 ): Promise<TransactionRow[][]> {
-  const unique = [...new Map(settled.map((s) => [s.signature, s.outcome]))];
+  const unique = [...new Map(settled.map((s) => [s.signature, s])).values()];
   return db.transaction(async (tx) => {
-    const now = new Date(nowMs);
     const rows = await tx.query<TransactionRow>(
-      `UPDATE transactions t SET status = s.status, on_chain_slot = s.slot, failure_reason = s.reason, settled_at = $5, updated_at = $5
-       FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS s(signature, status, slot, reason)
+      `UPDATE transactions t SET status = s.status, on_chain_slot = s.slot, failure_reason = s.reason, settled_at = s.at, updated_at = s.at
+       FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[]) AS s(signature, status, slot, reason, at)
        WHERE t.tx_signature = s.signature AND t.status = 'pending' RETURNING t.*`,
-      [unique.map(([signature]) => signature), unique.map(([, o]) => (o.err ? 'failed' : 'confirmed')),
-        unique.map(([, o]) => text(o.slot)), unique.map(([, o]) => o.err?.name ?? null), now]);
+      [unique.map((s) => s.signature), unique.map((s) => (s.outcome.err ? 'failed' : 'confirmed')),
+        unique.map((s) => text(s.outcome.slot)), unique.map((s) => s.outcome.err?.name ?? null),
+        unique.map((s) => new Date(s.settledAtMs ?? nowMs).toISOString())]);
     // The organisations whose reserve a rule moves (a withdrawal confirmed, a funding failed)
     // are locked first, in id order, then the wallets in id order, as everywhere: a funding
     // request holds its reserve and then waits for its vault, so a settlement that took a vault
@@ -250,9 +257,9 @@ export async function settleSignatures(
 }
 
 /** Settlements of one process are written in batches (src/db/group-commit.ts). */
-const settlers = new WeakMap<Database, GroupCommit<{ signature: string; outcome: ChainOutcome }, TransactionRow[]>>();
+const settlers = new WeakMap<Database, GroupCommit<SettlementItem, TransactionRow[]>>();
 
-function settlerOf(ctx: Pick<AppContext, 'db' | 'clock'>): GroupCommit<{ signature: string; outcome: ChainOutcome }, TransactionRow[]> {
+function settlerOf(ctx: Pick<AppContext, 'db' | 'clock'>): GroupCommit<SettlementItem, TransactionRow[]> {
   let settler = settlers.get(ctx.db);
   if (!settler) {
     settler = new GroupCommit(async (items) => (await settleSignatures(ctx.db, ctx.clock.nowMs(), items))
@@ -262,23 +269,90 @@ function settlerOf(ctx: Pick<AppContext, 'db' | 'clock'>): GroupCommit<{ signatu
   return settler;
 }
 
+/** Resolves once this process has written every settlement it started (before its database closes). */
+export async function settlementsWritten(db: Database): Promise<void> {
+  await settlers.get(db)?.idle();
+}
+
 /** A chain outcome, and the rows this process settled from it (none when another settled them first). */
 export interface Settlement {
   outcome: TransactionOutcome;
   rows: TransactionRow[];
 }
 
+async function outcomeWithin(ctx: Pick<AppContext, 'chain'>, signature: string, timeoutMs: number): Promise<TransactionOutcome | null> {
+  try {
+    return await ctx.chain.waitForOutcome(signature as Signature, timeoutMs);
+  } catch {
+    return null;
+  }
+}
+
 /** Waits for the chain's outcome and settles; null when it did not come in time (the reconciler will). */
 export async function awaitSettlement(
   ctx: Pick<AppContext, 'db' | 'chain' | 'clock'>, signature: string, timeoutMs: number,
 ): Promise<Settlement | null> {
-  let outcome: TransactionOutcome;
-  try {
-    outcome = await ctx.chain.waitForOutcome(signature as Signature, timeoutMs);
-  } catch {
-    return null;
-  }
+  const outcome = await outcomeWithin(ctx, signature, timeoutMs);
+  if (!outcome) return null;
   return { outcome, rows: await settlerOf(ctx).submit({ signature, outcome }) };
+}
+
+/**
+ * For a transaction whose confirmation moves no balance (a payment: its vault was debited when
+ * it was recorded), the row as the chain's outcome leaves it, without waiting for the index
+ * when that outcome is a confirmation. The settlement is then written behind the answer: the
+ * outcome is final and durable on the chain, a read of the transaction settles it first
+ * (settleKnownOutcomes), and the reconciler writes it if this process stops before. A failure
+ * is answered once settled, so its amount is back in the vault when the client hears of it.
+ * Null when no outcome came in time, or another process settled the failure.
+ */
+export async function awaitConfirmation(
+  ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, recorded: TransactionRow, timeoutMs: number,
+): Promise<TransactionRow | null> {
+  const signature = recorded.tx_signature!;
+  const outcome = await outcomeWithin(ctx, signature, timeoutMs);
+  if (!outcome) return null;
+  const settledAtMs = ctx.clock.nowMs();
+  const settling = settlerOf(ctx).submit({ signature, outcome, settledAtMs });
+  if (outcome.err) return (await settling).find((row) => row.id === recorded.id) ?? null;
+  settling.catch((error: unknown) => ctx.log.warn({ err: error, signature }, 'settling a confirmed payment failed; a read or the reconciler will'));
+  const at = new Date(settledAtMs);
+  return { ...recorded, status: 'confirmed', on_chain_slot: outcome.slot, failure_reason: null, settled_at: at, updated_at: at };
+}
+
+/**
+ * The rows as the chain has decided them: a pending row whose outcome the chain already has is
+ * settled before it is shown (its request may still be writing that settlement; the first write
+ * wins and the other changes nothing), so a read never shows `pending` a payment that was
+ * answered `confirmed`. A chain that cannot be asked leaves the rows as they are.
+ */
+export async function settleKnownOutcomes(
+  ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, rows: TransactionRow[],
+): Promise<TransactionRow[]> {
+  const signatures = [...new Set(rows.filter((row) => row.status === 'pending' && row.tx_signature !== null)
+    .map((row) => row.tx_signature!))];
+  if (signatures.length === 0) return rows;
+  const known: SettlementItem[] = [];
+  try {
+    for (let start = 0; start < signatures.length; start += STATUS_BATCH_MAX) {
+      const batch = signatures.slice(start, start + STATUS_BATCH_MAX);
+      const outcomes = await ctx.chain.getOutcomes(batch as Signature[]);
+      batch.forEach((signature, i) => {
+        const outcome = outcomes[i];
+        if (outcome) known.push({ signature, outcome });
+      });
+    }
+  } catch (error) {
+    ctx.log.warn({ err: error }, 'reading outcomes from the chain failed; pending rows shown as stored');
+    return rows;
+  }
+  if (known.length === 0) return rows;
+  await Promise.all(known.map((item) => settlerOf(ctx).submit(item)));
+  const settled = new Set(known.map((item) => item.signature));
+  const ids = rows.filter((row) => row.status === 'pending' && settled.has(row.tx_signature!)).map((row) => row.id);
+  const fresh = new Map((await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1::text[])', [ids]))
+    .map((row) => [row.id, row]));
+  return rows.map((row) => fresh.get(row.id) ?? row);
 }
 
 /**
