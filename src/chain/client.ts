@@ -61,6 +61,14 @@ export interface ChainError {
   raw: unknown;
 }
 
+/** A status the chain pushes as it becomes visible (the embedded validator's publish). */
+export interface PublishedStatus {
+  signature: string;
+  slot: number | bigint;
+  /** the chain's error as getSignatureStatuses gives it; null when the transaction succeeded */
+  err: unknown;
+}
+
 export interface TransactionOutcome {
   signature: Signature;
   slot: bigint;
@@ -114,10 +122,11 @@ export interface ChainClientOptions {
    */
   embedded?: boolean;
   /**
-   * subscribes to the chain's "new statuses are visible" signal (the embedded validator's
-   * publish): outstanding signatures are then polled at once rather than at the next interval
+   * subscribes to the statuses the chain makes visible (the embedded validator's publish): the
+   * transactions waited for among them resolve at once, without a poll; the interval's poll
+   * remains for the rest (a signature published before it was waited for, a lost message)
    */
-  onPublished?: (listener: () => void) => void;
+  onPublished?: (listener: (statuses: readonly PublishedStatus[]) => void) => void;
 }
 
 interface Waiter {
@@ -159,8 +168,6 @@ export class ChainClient {
   readonly #signer: FastSigner;
   #pollTimer: NodeJS.Timeout | null = null;
   #polling = false;
-  /** a publish was signalled during a poll: poll again as soon as it ends */
-  #pollAgain = false;
 
   constructor(options: ChainClientOptions) {
     this.rpc = options.rpc;
@@ -173,7 +180,7 @@ export class ChainClient {
     this.#pollIntervalMs = options.pollIntervalMs ?? 100;
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
     this.#signer = new FastSigner([this.operator, this.arbiter]);
-    options.onPublished?.(() => this.#pollNow());
+    options.onPublished?.((statuses) => this.#resolvePublished(statuses));
   }
 
   // -------------------------------------------------------------------------------------------
@@ -416,23 +423,24 @@ export class ChainClient {
     });
   }
 
+  #resolvePublished(statuses: readonly PublishedStatus[]): void {
+    for (const status of statuses) {
+      const waiters = this.#waiters.get(status.signature as Signature);
+      if (!waiters) continue;
+      this.#waiters.delete(status.signature as Signature);
+      const outcome: TransactionOutcome = {
+        signature: status.signature as Signature, slot: BigInt(status.slot), err: status.err ? parseChainError(status.err) : null,
+      };
+      for (const waiter of waiters) waiter.resolve(outcome);
+    }
+  }
+
   #schedulePoll(): void {
     if (this.#pollTimer || this.#polling) return;
     this.#pollTimer = setTimeout(() => {
       this.#pollTimer = null;
       void this.#poll();
     }, this.#pollIntervalMs);
-  }
-
-  #pollNow(): void {
-    if (this.#waiters.size === 0) return;
-    if (this.#polling) {
-      this.#pollAgain = true;
-      return;
-    }
-    if (this.#pollTimer) clearTimeout(this.#pollTimer);
-    this.#pollTimer = null;
-    void this.#poll();
   }
 
   /** One poller for all outstanding signatures, in batches of at most 256 per call. */
@@ -472,12 +480,7 @@ export class ChainClient {
       }
     } finally {
       this.#polling = false;
-      if (this.#pollAgain) {
-        this.#pollAgain = false;
-        this.#pollNow();
-      } else if (this.#waiters.size) {
-        this.#schedulePoll();
-      }
+      if (this.#waiters.size) this.#schedulePoll();
     }
   }
 

@@ -19,7 +19,7 @@ try {
     programSoPath: options.programSoPath, log: (entry) => reply({ kind: 'log', entry }),
   });
   const handler = createRpcHandler(validator);
-  validator.onPublished(() => reply({ kind: 'published' }));
+  validator.onPublished((statuses) => reply({ kind: 'published', statuses }));
   port.on('message', (request: ThreadRequest) => {
     if (request.kind === 'close') {
       void validator.close().then(() => {

@@ -15,7 +15,7 @@ import { balanceOf, fundedWallet, newRecipient } from '../../test/fixtures.ts';
 import { OffsetClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
 import { ValidatorThread } from './thread.ts';
-import { LocalValidator } from './validator.ts';
+import { LocalValidator, type PublishedStatus } from './validator.ts';
 
 const DAY_S = 24 * 60 * 60;
 
@@ -115,14 +115,16 @@ describe('ValidatorThread', () => {
       })).result.value[0];
       let published = 0;
       thread.onPublished(() => { published += 1; });
-      const signal = new Promise<void>((resolve) => thread.onPublished(resolve));
+      const signal = new Promise<readonly PublishedStatus[]>((resolve) => thread.onPublished(resolve));
       const minted = await transport<{ result: string }>({ payload: { jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [await newRecipient(), '1000'] } });
       // The signal leaves the thread before any answer given after the publish, so an answer that
       // arrives with no signal yet must come from before it.
       const early = await statusOf(minted.result);
       if (published === 0) assert.equal(early, null, 'not visible before the signal');
-      await signal;
+      const pushed = await signal;
       assert.ok(await statusOf(minted.result), 'visible once signalled');
+      assert.deepEqual(pushed.map((status) => [status.signature, status.err]), [[minted.result, null]], 'the signal carries the statuses');
+      assert.equal(typeof pushed[0]!.slot, 'number');
     } finally {
       await thread.close();
       rmSync(dataDir, { recursive: true, force: true });

@@ -9,7 +9,7 @@
 import type { Worker } from 'node:worker_threads';
 import type { RpcTransport } from '@solana/kit';
 import { startThread } from '../threads/threads.ts';
-import type { ValidatorInfo } from './validator.ts';
+import type { PublishedStatus, ValidatorInfo } from './validator.ts';
 
 export interface ValidatorThreadOptions {
   dataDir?: string;
@@ -24,7 +24,7 @@ export type ThreadReply =
   | { kind: 'ready'; info: ValidatorInfo }
   | { kind: 'failed'; error: string }
   | { kind: 'log'; entry: Record<string, unknown> }
-  | { kind: 'published' }
+  | { kind: 'published'; statuses: readonly PublishedStatus[] }
   | { kind: 'response'; id: number; response?: unknown; error?: string }
   | { kind: 'closed'; error?: string };
 
@@ -52,7 +52,7 @@ export class ValidatorThread {
     this.info = info;
     worker.on('message', (message: ThreadReply) => {
       if (message.kind === 'response') this.#settle(message);
-      else if (message.kind === 'published') for (const listener of this.#publishedListeners) listener();
+      else if (message.kind === 'published') for (const listener of this.#publishedListeners) listener(message.statuses);
       else if (message.kind === 'log') log(message.entry);
       else if (message.kind === 'closed') this.#onClosed?.(message.error);
     });
@@ -97,10 +97,10 @@ export class ValidatorThread {
     }) as RpcTransport;
   }
 
-  readonly #publishedListeners: Array<() => void> = [];
+  readonly #publishedListeners: Array<(statuses: readonly PublishedStatus[]) => void> = [];
 
-  /** Calls `listener` each time the validator has made executed transactions' statuses visible. */
-  onPublished(listener: () => void): void {
+  /** Calls `listener` with the statuses each time the validator has made executed transactions' statuses visible. */
+  onPublished(listener: (statuses: readonly PublishedStatus[]) => void): void {
     this.#publishedListeners.push(listener);
   }
 

@@ -117,6 +117,13 @@ export interface LocalValidatorOptions {
   log?: (entry: Record<string, unknown>) => void;
 }
 
+/** A transaction's status as it becomes visible: its slot and its error (null when it succeeded). */
+export interface PublishedStatus {
+  signature: string;
+  slot: number;
+  err: TransactionErrorJson | null;
+}
+
 export interface ValidatorInfo {
   programId: Address;
   usdcMint: Address;
@@ -842,11 +849,12 @@ export class LocalValidator {
     this.#store.publish(batch);
     for (const { record } of batch) this.#inFlight.delete(record.signature);
     if (batch.length === 0 || this.#publishedListeners.length === 0) return;
+    const statuses = batch.map(({ record }): PublishedStatus => ({ signature: record.signature, slot: record.slot, err: record.err }));
     // After the caller's own bookkeeping (publishing happens inside sendTransaction at slotMs 0).
     queueMicrotask(() => {
       for (const listener of this.#publishedListeners) {
         try {
-          listener();
+          listener(statuses);
         } catch (error) {
           this.#log({ level: 'error', msg: 'a publish listener failed', err: String(error) });
         }
@@ -854,10 +862,13 @@ export class LocalValidator {
     });
   }
 
-  readonly #publishedListeners: Array<() => void> = [];
+  readonly #publishedListeners: Array<(statuses: readonly PublishedStatus[]) => void> = [];
 
-  /** Calls `listener` each time executed transactions' statuses become visible. */
-  onPublished(listener: () => void): void {
+  /**
+   * Calls `listener` each time executed transactions' statuses become visible, with those
+   * statuses (what getSignatureStatuses answers for them from then on).
+   */
+  onPublished(listener: (statuses: readonly PublishedStatus[]) => void): void {
     this.#publishedListeners.push(listener);
   }
 
