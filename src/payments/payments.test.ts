@@ -50,6 +50,10 @@ describe('payments', () => {
         }));
       }
       await t.settled();
+      // A read whose settlement cannot be written either shows the row as stored.
+      const refused = await t.request('GET', `/v1/payments/${answers[0]!.body.tx_id}`);
+      assert.equal(refused.status, 200, JSON.stringify(refused.body));
+      assert.equal(refused.body.status, 'pending');
     } finally {
       await db.query('DROP TRIGGER refuse_completed ON events');
       await db.query('DROP FUNCTION refuse_completed()');

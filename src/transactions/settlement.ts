@@ -324,7 +324,8 @@ export async function awaitConfirmation(
  * The rows as the chain has decided them: a pending row whose outcome the chain already has is
  * settled before it is shown (its request may still be writing that settlement; the first write
  * wins and the other changes nothing), so a read never shows `pending` a payment that was
- * answered `confirmed`. A chain that cannot be asked leaves the rows as they are.
+ * answered `confirmed`. A chain that cannot be asked, or a settlement that cannot be written,
+ * leaves the rows as they are stored: a read never fails for either.
  */
 export async function settleKnownOutcomes(
   ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, rows: TransactionRow[],
@@ -347,7 +348,11 @@ export async function settleKnownOutcomes(
     return rows;
   }
   if (known.length === 0) return rows;
-  await Promise.all(known.map((item) => settlerOf(ctx).submit(item)));
+  // A settlement that fails here (another process settling the same rows in another order can
+  // deadlock it) is left to the request or the reconciler: the rows are read back as they stand.
+  await Promise.all(known.map((item) => settlerOf(ctx).submit(item).catch((error: unknown) => {
+    ctx.log.warn({ err: error, signature: item.signature }, 'settling a transaction on read failed; shown as stored');
+  })));
   const settled = new Set(known.map((item) => item.signature));
   const ids = rows.filter((row) => row.status === 'pending' && settled.has(row.tx_signature!)).map((row) => row.id);
   const fresh = new Map((await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1::text[])', [ids]))
