@@ -546,8 +546,19 @@ export class LocalValidator {
   #produceSlot(): void {
     this.#advanceSlot(1);
     this.#executedInSlot = 0;
-    if (this.#unpublished.length > 0 || this.#stateDirty) this.#schedulePersist();
+    if (this.#unpublished.length > 0 || this.#stateDirty) this.#persistAtSlotEnd();
     this.#scheduleSlice();
+  }
+
+  /**
+   * The ended slot's snapshot starts now when it may (none being written, the minimum gap
+   * passed): its state is captured before the new slot executes anything, and no timer or
+   * slice of the new slot runs ahead of it. Otherwise it is scheduled as any other.
+   */
+  #persistAtSlotEnd(): void {
+    const idle = this.#dataDir && !this.#persisting && !this.#persistTimer;
+    if (idle && Date.now() >= this.#lastPersistStartMs + this.#persistIntervalMs) void this.#persist();
+    else this.#schedulePersist();
   }
 
   #scheduleSlice(): void {
