@@ -194,3 +194,42 @@ describe('chain client', () => {
     await assert.rejects(chain.waitForOutcome(prepared.signature, 50), ConfirmationTimeoutError);
   });
 });
+
+describe('chain client, statuses as a cluster gives them', () => {
+  // A cluster's getSignatureStatuses answer, as kit hands it over (integers as bigint): the only
+  // RPC method these tests reach. The client under test is the real one.
+  const clusterRpc = (statuses: unknown[]) => ({
+    getSignatureStatuses: () => ({ send: async () => ({ context: { slot: 10n }, value: statuses }) }),
+  });
+  const clientOn = async (rpc: unknown, onPublished?: ConstructorParameters<typeof ChainClient>[0]['onPublished']) => new ChainClient({
+    rpc: rpc as ConstructorParameters<typeof ChainClient>[0]['rpc'], programId: (await generateKeyPairSigner()).address,
+    usdcMint: (await generateKeyPairSigner()).address, operator: await generateKeyPairSigner(), arbiter: await generateKeyPairSigner(),
+    pollIntervalMs: 60_000, onPublished,
+  });
+
+  test('a status only processed is no outcome yet; confirmed or finalized is', async () => {
+    const chain = await clientOn(clusterRpc([
+      { slot: 7n, err: null, confirmationStatus: 'processed', confirmations: 0n },
+      { slot: 7n, err: null, confirmationStatus: 'confirmed', confirmations: null },
+      null,
+    ]));
+    const [a, b, c] = [(await generateKeyPairSigner()).address, (await generateKeyPairSigner()).address, (await generateKeyPairSigner()).address];
+    const outcomes = await chain.getOutcomes([a, b, c] as never[]);
+    assert.deepEqual(outcomes.map((o) => o && [o.slot, o.err]), [null, [7n, null], null]);
+  });
+
+  test('an error reads the same pushed by the embedded validator (plain numbers) or asked for (bigints)', async () => {
+    let push: (statuses: readonly { signature: string; slot: number; err: unknown }[]) => void = () => {};
+    const signature = (await generateKeyPairSigner()).address as never;
+    const asked = await clientOn(clusterRpc([
+      { slot: 9n, err: { InsufficientFundsForRent: { account_index: 2n } }, confirmationStatus: 'finalized', confirmations: null },
+    ]));
+    const pushed = await clientOn(clusterRpc([]), (listener) => { push = listener; });
+    const waiting = pushed.waitForOutcome(signature, 5_000);
+    push([{ signature, slot: 9, err: { InsufficientFundsForRent: { account_index: 2 } } }]);
+    const [fromPush, fromAsk] = [await waiting, (await asked.getOutcomes([signature]))[0]!];
+    assert.equal(fromPush.slot, 9n);
+    assert.equal(fromPush.err!.name, fromAsk.err!.name);
+    assert.equal(fromAsk.err!.name, '{"InsufficientFundsForRent":{"account_index":"2"}}');
+  });
+});

@@ -95,6 +95,14 @@ export function parseChainError(raw: unknown): ChainError {
   return { instructionIndex: null, code: null, name: typeof raw === 'string' ? raw : JSON.stringify(raw, jsonBigint), raw };
 }
 
+/** A JSON value with every number made a bigint, as kit's RPC answers carry them. */
+function withBigints(value: unknown): unknown {
+  if (typeof value === 'number') return Number.isInteger(value) ? BigInt(value) : value;
+  if (Array.isArray(value)) return value.map(withBigints);
+  if (value && typeof value === 'object') return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, withBigints(v)]));
+  return value;
+}
+
 function jsonBigint(_key: string, value: unknown): unknown {
   return typeof value === 'bigint' ? value.toString() : value;
 }
@@ -429,7 +437,9 @@ export class ChainClient {
       if (!waiters) continue;
       this.#waiters.delete(status.signature as Signature);
       const outcome: TransactionOutcome = {
-        signature: status.signature as Signature, slot: BigInt(status.slot), err: status.err ? parseChainError(status.err) : null,
+        // The error's integers as getSignatureStatuses gives them through kit (bigint), so its
+        // name reads the same whichever way the outcome arrived.
+        signature: status.signature as Signature, slot: BigInt(status.slot), err: status.err ? parseChainError(withBigints(status.err)) : null,
       };
       for (const waiter of waiters) waiter.resolve(outcome);
     }
@@ -486,19 +496,20 @@ export class ChainClient {
 
   /** The chain's record of a signature: null when the chain has never executed it. */
   async getOutcome(signature: Signature): Promise<TransactionOutcome | null> {
-    const { value } = await this.rpc.getSignatureStatuses([signature], { searchTransactionHistory: true }).send();
-    const status = value[0];
-    if (!status) return null;
-    return { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null };
+    return (await this.getOutcomes([signature]))[0]!;
   }
 
-  /** getOutcome for up to 256 signatures in one call, in order. */
+  /**
+   * getOutcome for up to 256 signatures in one call, in order. A status a cluster reports only
+   * `processed` is no outcome yet: its fork can still be dropped.
+   */
   async getOutcomes(signatures: readonly Signature[]): Promise<Array<TransactionOutcome | null>> {
     if (signatures.length > STATUS_BATCH_MAX) throw new Error(`at most ${STATUS_BATCH_MAX} signatures per call`);
     const { value } = await this.rpc.getSignatureStatuses(signatures, { searchTransactionHistory: true }).send();
     return signatures.map((signature, i) => {
       const status = value[i];
-      return status ? { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null } : null;
+      if (!status || status.confirmationStatus === 'processed') return null;
+      return { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null };
     });
   }
 

@@ -85,8 +85,9 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     const chain = new ChainClient({
       rpc, programId: address(programId), usdcMint: address(usdcMint), operator, arbiter,
       embedded: embedded !== null,
-      // The embedded validator signals each publish, and the client polls at once; the interval
-      // is then only a fallback. Over the network, polls every quarter slot, at most a tenth of a second.
+      // The embedded validator pushes the statuses it publishes, and the waits among them resolve
+      // at once; the interval is then only a fallback. Over the network, polls every quarter
+      // slot, at most a tenth of a second.
       onPublished: publisher ? (listener) => publisher.onPublished(listener) : undefined,
       pollIntervalMs: Math.max(10, Math.min(100, Math.floor(config.slotMs / 4) || 10)),
       // A blockhash is valid for 150 slots: with short local slots (slot 0 means notional 400 ms

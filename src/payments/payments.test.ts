@@ -34,17 +34,34 @@ describe('payments', () => {
   before(async () => { t = await startTestService(); });
   after(async () => { await t.close(); });
 
+  /** Runs `work` while no settlement of this vault's confirmed payments can be written (its transaction.completed is refused). */
+  const withSettlementRefused = async <T>(walletId: string, work: () => Promise<T>): Promise<T> => {
+    const db = t.service.ctx.db;
+    await db.query(`CREATE FUNCTION refuse_completed() RETURNS TRIGGER LANGUAGE plpgsql AS $$
+      BEGIN IF NEW.type = 'transaction.completed' AND NEW.wallet_id = '${walletId}' THEN
+        RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
+    await db.query('CREATE TRIGGER refuse_completed BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_completed()');
+    try {
+      return await work();
+    } finally {
+      await db.query('DROP TRIGGER refuse_completed ON events');
+      await db.query('DROP FUNCTION refuse_completed()');
+    }
+  };
+
+  /** A payment answered (confirmed by the chain) whose settlement could not be written: pending in the index. */
+  const payUnsettled = (walletId: string, amount: string) => withSettlementRefused(walletId, async () => {
+    const answer = await t.request('POST', '/v1/payments', { body: { walletId, to: await newRecipient(), amount, currency: 'USDC' } });
+    await t.settled();
+    return answer;
+  });
+
   test('a confirmation is answered before its settlement is written, and a read of the payment settles it first', async () => {
     const wallet = await fundedWallet(t, '10');
     const db = t.service.ctx.db;
-    // The settlement (its transaction.completed event) cannot be written for this vault while the trigger stands.
-    await db.query(`CREATE FUNCTION refuse_completed() RETURNS TRIGGER LANGUAGE plpgsql AS $$
-      BEGIN IF NEW.type = 'transaction.completed' AND NEW.wallet_id = '${wallet.wallet_id}' THEN
-        RAISE EXCEPTION 'refused for the test'; END IF; RETURN NEW; END $$`);
-    await db.query('CREATE TRIGGER refuse_completed BEFORE INSERT ON events FOR EACH ROW EXECUTE FUNCTION refuse_completed()');
-    const answers = [];
-    try {
-      for (const amount of ['1', '2']) {
+    const answers: Array<{ status: number; body: any }> = [];
+    await withSettlementRefused(wallet.wallet_id, async () => {
+      for (const amount of ['1', '2', '3']) {
         answers.push(await t.request('POST', '/v1/payments', {
           body: { walletId: wallet.wallet_id, to: await newRecipient(), amount, currency: 'USDC' },
         }));
@@ -54,34 +71,67 @@ describe('payments', () => {
       const refused = await t.request('GET', `/v1/payments/${answers[0]!.body.tx_id}`);
       assert.equal(refused.status, 200, JSON.stringify(refused.body));
       assert.equal(refused.body.status, 'pending');
-    } finally {
-      await db.query('DROP TRIGGER refuse_completed ON events');
-      await db.query('DROP FUNCTION refuse_completed()');
-    }
-    const [first, second] = answers;
+      const pendingList = await t.request('GET', `/v1/wallets/${wallet.wallet_id}/transactions?status=pending`);
+      assert.equal(pendingList.body.data.length, 3, 'still pending in the index');
+    });
+    const [first, second, third] = answers;
     for (const answer of answers) {
       assert.equal(answer!.status, 200, JSON.stringify(answer!.body));
       assert.equal(answer!.body.status, 'confirmed', 'the chain confirmed it');
       assert.equal(typeof answer!.body.on_chain_slot, 'number');
       assert.ok(answer!.body.settled_at);
     }
-    assert.equal(await countRows(t, wallet.wallet_id, 'pending'), 2, 'the index has not settled them yet');
-    assert.equal(await balanceOf(t, wallet.wallet_id), '7.00', 'debited when recorded');
+    assert.equal(await countRows(t, wallet.wallet_id, 'pending'), 3, 'the index has not settled them yet');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00', 'debited when recorded');
 
     const read = await t.request('GET', `/v1/payments/${first!.body.tx_id}`);
     assert.equal(read.body.status, 'confirmed', 'a read settles it from the chain first');
     assert.equal(read.body.on_chain_slot, first!.body.on_chain_slot);
+    assert.equal(await countRows(t, wallet.wallet_id, 'pending'), 2);
+    const stillPending = await t.request('GET', `/v1/wallets/${wallet.wallet_id}/transactions?status=pending&limit=1`);
+    assert.deepEqual(stillPending.body.data, [], 'a list of pending payments leaves out those its read settled');
+    assert.equal(stillPending.body.has_more, true, 'and pages on through the rows it selected');
     const listed = (await t.request('GET', `/v1/wallets/${wallet.wallet_id}/transactions?type=payment`)).body.data as Array<{
       tx_id: string; status: string;
     }>;
     assert.deepEqual(listed.map((row) => [row.tx_id, row.status]),
-      [[second!.body.tx_id, 'confirmed'], [first!.body.tx_id, 'confirmed']], 'so does a list');
-    assert.equal(await countRows(t, wallet.wallet_id, 'confirmed'), 2);
+      [[third!.body.tx_id, 'confirmed'], [second!.body.tx_id, 'confirmed'], [first!.body.tx_id, 'confirmed']], 'as the list shows');
+    assert.equal(await countRows(t, wallet.wallet_id, 'confirmed'), 3);
     const completed = await db.query<{ payload: { tx_id: string } }>(
       `SELECT payload FROM events WHERE wallet_id = $1 AND type = 'transaction.completed'`, [wallet.wallet_id]);
-    assert.deepEqual(completed.map((e) => e.payload.tx_id).sort(), [first!.body.tx_id, second!.body.tx_id].sort(), 'each settled once');
-    assert.equal(await balanceOf(t, wallet.wallet_id), '7.00');
+    assert.deepEqual(completed.map((e) => e.payload.tx_id).sort(), answers.map((a) => a.body.tx_id).sort(), 'each settled once');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
     await assertVaultConsistent(t, wallet.wallet_id, 10_000_000n);
+  });
+
+  test('a read of a pending payment does not wait for a chain that does not answer', async () => {
+    const wallet = await fundedWallet(t, '2');
+    const paid = await payUnsettled(wallet.wallet_id, '1');
+    const chain = t.service.ctx.chain;
+    const getOutcomes = chain.getOutcomes;
+    chain.getOutcomes = () => new Promise(() => {}); // a cluster that never answers
+    try {
+      const read = await Promise.race([
+        t.request('GET', `/v1/payments/${paid.body.tx_id}`),
+        new Promise<null>((resolve) => setTimeout(resolve, 10_000, null).unref()),
+      ]);
+      assert.ok(read, 'answered after the read deadline, not never');
+      assert.equal(read.status, 200);
+      assert.equal(read.body.status, 'pending', 'shown as stored');
+    } finally {
+      chain.getOutcomes = getOutcomes;
+    }
+    assert.equal((await t.request('GET', `/v1/payments/${paid.body.tx_id}`)).body.status, 'confirmed');
+  });
+
+  test('pay the rest, then archive: a payment answered confirmed is not in flight, although its settlement was not written', async () => {
+    const wallet = await fundedWallet(t, '3');
+    const paid = await payUnsettled(wallet.wallet_id, '3');
+    assert.equal(paid.body.status, 'confirmed');
+    assert.equal(await countRows(t, wallet.wallet_id, 'pending'), 1);
+    const archived = await t.request('DELETE', `/v1/wallets/${wallet.wallet_id}`);
+    assert.equal(archived.status, 200, JSON.stringify(archived.body));
+    assert.equal(await countRows(t, wallet.wallet_id, 'confirmed'), 1, 'settled from the chain first');
   });
 
   test('a payment is checked, sent, confirmed in one slot and lands in the recipient\'s token account', async () => {

@@ -7,9 +7,9 @@ import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { PageQuery, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { PageQuery, pageOf, parsePageRequest, toPage, type PageRequest } from '../http/pagination.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
-import { settleKnownOutcomes, type TransactionStatus, type TransactionType } from './settlement.ts';
+import { settleKnownOutcomes, type TransactionRow, type TransactionStatus, type TransactionType } from './settlement.ts';
 import {
   TransactionStatusSchema, TransactionTypeSchema, TransactionView, getTransaction, listTransactions, transactionView,
   type TransactionFilter,
@@ -96,6 +96,18 @@ export function filterOf(query: ListQuery): TransactionFilter {
 }
 
 export function transactionRoutes(app: App, ctx: AppContext): void {
+  /**
+   * A page of rows as the chain has decided them (settleKnownOutcomes). One selected by a status
+   * it no longer has (a `pending` just settled) is left out; the cursor still follows the rows
+   * as selected, so the next page starts where this one did end.
+   */
+  const settledPage = async (filter: TransactionFilter, page: PageRequest, selected: TransactionRow[]) => {
+    const settled = await settleKnownOutcomes(ctx, selected);
+    const result = toPage(settled, page, (row) => row);
+    const shown = filter.status === undefined ? result.data : result.data.filter((row) => row.status === filter.status);
+    return { ...result, data: shown.map((row) => transactionView(row, ctx)) };
+  };
+
   app.get('/v1/transactions/:tx_id', {
     config: { permission: 'read' },
     schema: {
@@ -137,8 +149,8 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const page = parsePageRequest(request.query);
-    const rows = await settleKnownOutcomes(ctx, await listTransactions(ctx.db, orgId, filterOf(request.query), page));
-    return toPage(rows, page, (row) => transactionView(row, ctx));
+    const filter = filterOf(request.query);
+    return settledPage(filter, page, await listTransactions(ctx.db, orgId, filter, page));
   });
 
   app.get('/v1/wallets/:wallet_id/transactions', {
@@ -153,9 +165,8 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
     const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
     assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
     const page = parsePageRequest(request.query);
-    const rows = await settleKnownOutcomes(ctx,
-      await listTransactions(ctx.db, principal.orgId, { ...filterOf(request.query), walletId: wallet.id }, page));
-    return toPage(rows, page, (row) => transactionView(row, ctx));
+    const filter = { ...filterOf(request.query), walletId: wallet.id };
+    return settledPage(filter, page, await listTransactions(ctx.db, principal.orgId, filter, page));
   });
 }
 

@@ -1,7 +1,9 @@
 /**
  * Settlement of the money moves the service records (DESIGN §5): a transaction row is written
  * `pending` with its chain signature before anything is sent, and settled exactly once from the
- * chain's outcome — by the request that sent it, or by the reconciler after a crash.
+ * chain's outcome — by the request that sent it (for a payment's confirmation, just after its
+ * answer), by a read that finds it pending with its outcome on chain, or by the reconciler after
+ * a crash.
  *
  * Each type says what confirmation and failure mean for the balances it touched when it was
  * recorded: the source was debited at once (so concurrent requests can never overdraw it); a
@@ -222,7 +224,13 @@ interface SettlementItem {
 export async function settleSignatures(
   db: Database, nowMs: number, settled: readonly SettlementItem[],
 ): Promise<TransactionRow[][]> {
-  const unique = [...new Map(settled.map((s) => [s.signature, s])).values()];
+  // One item per signature; the time a request answered with wins over a read's or a batch's.
+  const bySignature = new Map<string, SettlementItem>();
+  for (const item of settled) {
+    const seen = bySignature.get(item.signature);
+    if (!seen || (seen.settledAtMs === undefined && item.settledAtMs !== undefined)) bySignature.set(item.signature, item);
+  }
+  const unique = [...bySignature.values()];
   return db.transaction(async (tx) => {
     const rows = await tx.query<TransactionRow>(
       `UPDATE transactions t SET status = s.status, on_chain_slot = s.slot, failure_reason = s.reason, settled_at = s.at, updated_at = s.at
@@ -320,12 +328,16 @@ export async function awaitConfirmation(
   return { ...recorded, status: 'confirmed', on_chain_slot: outcome.slot, failure_reason: null, settled_at: at, updated_at: at };
 }
 
+/** How long a read waits for the chain's statuses before it shows its rows as stored. */
+export const READ_OUTCOMES_TIMEOUT_MS = 1_000;
+
 /**
  * The rows as the chain has decided them: a pending row whose outcome the chain already has is
  * settled before it is shown (its request may still be writing that settlement; the first write
- * wins and the other changes nothing), so a read never shows `pending` a payment that was
- * answered `confirmed`. A chain that cannot be asked, or a settlement that cannot be written,
- * leaves the rows as they are stored: a read never fails for either.
+ * wins and the other changes nothing), so a read does not show `pending` a payment that was
+ * answered `confirmed`. A chain that cannot be asked (or does not answer within
+ * READ_OUTCOMES_TIMEOUT_MS), or a settlement that cannot be written, leaves the rows as they are
+ * stored: a read never fails or hangs for either.
  */
 export async function settleKnownOutcomes(
   ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, rows: TransactionRow[],
@@ -334,7 +346,7 @@ export async function settleKnownOutcomes(
     .map((row) => row.tx_signature!))];
   if (signatures.length === 0) return rows;
   const known: SettlementItem[] = [];
-  try {
+  const asked = (async () => {
     for (let start = 0; start < signatures.length; start += STATUS_BATCH_MAX) {
       const batch = signatures.slice(start, start + STATUS_BATCH_MAX);
       const outcomes = await ctx.chain.getOutcomes(batch as Signature[]);
@@ -343,9 +355,18 @@ export async function settleKnownOutcomes(
         if (outcome) known.push({ signature, outcome });
       });
     }
+  })();
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    await Promise.race([asked, new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`the chain did not answer within ${READ_OUTCOMES_TIMEOUT_MS} ms`)), READ_OUTCOMES_TIMEOUT_MS);
+    })]);
   } catch (error) {
+    asked.catch(() => {});
     ctx.log.warn({ err: error }, 'reading outcomes from the chain failed; pending rows shown as stored');
     return rows;
+  } finally {
+    clearTimeout(timer);
   }
   if (known.length === 0) return rows;
   // A settlement that fails here (another process settling the same rows in another order can

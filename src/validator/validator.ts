@@ -546,8 +546,8 @@ export class LocalValidator {
   #produceSlot(): void {
     this.#advanceSlot(1);
     this.#executedInSlot = 0;
-    if (this.#unpublished.length > 0 || this.#stateDirty) this.#persistAtSlotEnd();
     this.#scheduleSlice();
+    if (this.#unpublished.length > 0 || this.#stateDirty) this.#persistAtSlotEnd();
   }
 
   /**
@@ -893,12 +893,13 @@ export class LocalValidator {
     if (!this.#dataDir) return Promise.resolve();
     const dataDir = this.#dataDir;
     this.#lastPersistStartMs = Date.now();
+    const startedMs = performance.now();
+    // Captured before the batch is taken: a capture that throws leaves it for the next snapshot.
+    const state = this.#inner.toBytes();
+    const captureMs = performance.now() - startedMs;
     const batch = this.#unpublished;
     this.#unpublished = [];
     this.#stateDirty = false;
-    const startedMs = performance.now();
-    const state = this.#inner.toBytes();
-    const captureMs = performance.now() - startedMs;
     const meta: SnapshotMeta = {
       version: 1,
       seq: this.#seq,
