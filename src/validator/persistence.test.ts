@@ -7,7 +7,7 @@ import { after, before, describe, it } from 'node:test';
 import { generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
-import { LOCK_FILE } from './state-file.ts';
+import { LOCK_FILE, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
 import {
   confirmed, createAtaIdempotent, memoInstruction, signedTransaction, transferSol, transferToken, writeMemoProgram, type TestRpc,
 } from './testing.ts';
@@ -72,6 +72,44 @@ describe('local validator persistence', () => {
       const again = await signedTransaction(rpc, payer, [memoInstruction(programId, payer, 'after restart')], lifetime);
       await rpc.sendTransaction(again.wire, { encoding: 'base64' }).send();
       assert.equal((await confirmed(rpc, again.signature)).err, null);
+    } finally {
+      await validator.close();
+    }
+  });
+
+  // Guarantee: a snapshot torn by a crash while it was written costs only what it would have
+  // made visible; the one before it, and the log up to it, load.
+  it('restarts from the snapshot before when the newest is torn, and cuts the log lines it did not hold', async () => {
+    const dataDir = join(root, 'torn');
+    const clock = new ManualClock(START_MS);
+    let validator = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
+    let rpc = createInProcessRpc(validator) as TestRpc;
+    const first = (await generateKeyPairSigner()).address;
+    const second = (await generateKeyPairSigner()).address;
+    const kept = await rpc.requestAirdrop(first, lamports(1_000_000n)).send();
+    await confirmed(rpc, kept);
+    // The snapshot that made the first airdrop visible (the next write goes to the other file).
+    const before = readSnapshot(dataDir)!;
+    const beforeBytes = readFileSync(join(dataDir, SNAPSHOT_FILES[before.file!]));
+    const lost = await rpc.requestAirdrop(second, lamports(2_000_000n)).send();
+    await confirmed(rpc, lost);
+    await validator.close();
+    // A crash as the snapshot after it was being written: that one torn, the one before whole.
+    const newest = readSnapshot(dataDir)!;
+    assert.ok(newest.meta.seq > before.meta.seq);
+    const torn = readFileSync(join(dataDir, SNAPSHOT_FILES[newest.file!]));
+    const middle = torn.length >> 1;
+    torn.writeUInt8(torn.readUInt8(middle) ^ 0xff, middle);
+    writeFileSync(join(dataDir, SNAPSHOT_FILES[newest.file!]), torn);
+    writeFileSync(join(dataDir, SNAPSHOT_FILES[newest.file === 0 ? 1 : 0]), beforeBytes);
+
+    validator = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
+    rpc = createInProcessRpc(validator) as TestRpc;
+    try {
+      assert.equal((await rpc.getBalance(first).send()).value, 1_000_000n);
+      assert.ok((await rpc.getSignatureStatuses([kept]).send()).value[0]);
+      assert.equal((await rpc.getBalance(second).send()).value, 0n, 'its effects were only in the torn snapshot');
+      assert.equal((await rpc.getSignatureStatuses([lost]).send()).value[0], null, 'and its status line was cut');
     } finally {
       await validator.close();
     }

@@ -1,15 +1,32 @@
 /**
  * The validator's files in its data directory: the lock that gives one process ownership, and
  * the chain snapshot (LiteSVM's own serialisation of every account and sysvar, behind a small
- * JSON header of ours), replaced atomically (write a temporary file, flush it, rename).
+ * JSON header of ours).
+ *
+ * Snapshots go to two files in turn, each overwritten in place and flushed, with a CRC-32 over
+ * its content: a crash mid-write leaves that file failing its check and the other one, the
+ * snapshot before, intact. Overwriting a file's existing blocks flushes no file-system metadata,
+ * where a new file renamed over the old one flushed its allocation and the rename: under
+ * PostgreSQL's write load here, 3.5 ms against 6.9 ms at the median, 10 against 24 at p99 for
+ * 1.5 MB (docs/benchmarks.md). A file grows with slack, so that it rarely grows.
  */
 import { closeSync, openSync, readFileSync, unlinkSync, writeSync } from 'node:fs';
-import { open, rename } from 'node:fs/promises';
+import { open } from 'node:fs/promises';
 import { join } from 'node:path';
+import { crc32 } from 'node:zlib';
 
 export const LOCK_FILE = 'validator.lock';
-export const SNAPSHOT_FILE = 'chain.snapshot';
-const SNAPSHOT_MAGIC = Buffer.from('AVSNAP01', 'latin1');
+/** The two snapshot files, written in turn. */
+export const SNAPSHOT_FILES = ['chain.snapshot.0', 'chain.snapshot.1'] as const;
+/** The one snapshot file of earlier versions (replaced by rename): read, never written. */
+export const LEGACY_SNAPSHOT_FILE = 'chain.snapshot';
+const SNAPSHOT_MAGIC = Buffer.from('AVSNAP02', 'latin1');
+const LEGACY_SNAPSHOT_MAGIC = Buffer.from('AVSNAP01', 'latin1');
+/** magic, meta length, state length */
+const HEADER_BYTES = 16;
+const CRC_BYTES = 4;
+/** A file that must grow grows to this much more than it needs. */
+const GROWTH_SLACK = 1.25;
 /** A header larger than this is not ours. */
 const META_BYTES_MAX = 64 * 1024;
 
@@ -94,32 +111,112 @@ export interface SnapshotMeta {
   lastUnixTimestamp: number;
 }
 
-export async function writeSnapshot(dataDir: string, meta: SnapshotMeta, state: Uint8Array): Promise<void> {
-  const path = join(dataDir, SNAPSHOT_FILE);
-  const temporary = `${path}.tmp`;
+/** Which of SNAPSHOT_FILES a snapshot is in (0 or 1). */
+export type SnapshotFile = 0 | 1;
+
+/**
+ * Writes a snapshot over `file`, in place, and flushes it. The other file is not touched, so a
+ * crash at any point leaves it as it was. A file created here has its directory entry flushed too.
+ */
+export async function writeSnapshot(dataDir: string, file: SnapshotFile, meta: SnapshotMeta, state: Uint8Array): Promise<void> {
+  const path = join(dataDir, SNAPSHOT_FILES[file]);
   const metaBytes = Buffer.from(JSON.stringify(meta), 'utf8');
-  const length = Buffer.alloc(4);
-  length.writeUInt32LE(metaBytes.length, 0);
-  const handle = await open(temporary, 'w', 0o600);
+  const header = Buffer.alloc(HEADER_BYTES);
+  SNAPSHOT_MAGIC.copy(header, 0);
+  header.writeUInt32LE(metaBytes.length, 8);
+  header.writeUInt32LE(state.length, 12);
+  const crc = Buffer.alloc(CRC_BYTES);
+  crc.writeUInt32LE(crc32(state, crc32(metaBytes, crc32(header))), 0);
+  const length = HEADER_BYTES + metaBytes.length + state.length + CRC_BYTES;
+  let created = false;
+  let handle;
   try {
-    await handle.writev([SNAPSHOT_MAGIC, length, metaBytes, state]);
+    handle = await open(path, 'r+');
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+    handle = await open(path, 'w', 0o600);
+    created = true;
+  }
+  try {
+    const parts = [header, metaBytes, state, crc];
+    // Content shorter than the file leaves the old tail there, behind the checked length.
+    const { size } = await handle.stat();
+    if (size < length) parts.push(Buffer.alloc(Math.ceil(length * GROWTH_SLACK) - length));
+    await handle.writev(parts, 0);
     await handle.datasync();
   } finally {
     await handle.close();
   }
-  await rename(temporary, path);
+  if (created) await syncDirectory(dataDir);
 }
 
-export function readSnapshot(dataDir: string): { meta: SnapshotMeta; state: Uint8Array } | null {
-  const path = join(dataDir, SNAPSHOT_FILE);
-  let file: Buffer;
+async function syncDirectory(dir: string): Promise<void> {
+  const handle = await open(dir, 'r');
   try {
-    file = readFileSync(path);
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+export interface LoadedSnapshot {
+  meta: SnapshotMeta;
+  state: Uint8Array;
+  /** the file it was read from; null for an earlier version's single file */
+  file: SnapshotFile | null;
+}
+
+/**
+ * The newest intact snapshot: of the two files (one may be torn by a crash while it was being
+ * written: it then fails its check and the other is used) and an earlier version's single file.
+ * Null when there is none at all; an error when there are snapshot files but none is intact,
+ * rather than start a fresh chain over them.
+ */
+export function readSnapshot(dataDir: string): LoadedSnapshot | null {
+  const found: LoadedSnapshot[] = [];
+  const damaged: string[] = [];
+  for (const [file, name] of SNAPSHOT_FILES.entries()) {
+    const bytes = readIfExists(join(dataDir, name));
+    if (bytes === null) continue;
+    const snapshot = parseSnapshot(bytes);
+    if (snapshot) found.push({ ...snapshot, file: file as SnapshotFile });
+    else damaged.push(name);
+  }
+  const legacy = readIfExists(join(dataDir, LEGACY_SNAPSHOT_FILE));
+  if (legacy !== null) found.push({ ...parseLegacySnapshot(join(dataDir, LEGACY_SNAPSHOT_FILE), legacy), file: null });
+  if (found.length === 0) {
+    if (damaged.length) throw new Error(`no intact validator snapshot in ${dataDir} (${damaged.join(', ')} damaged)`);
+    return null;
+  }
+  // Newest by executed sequence, then by wall time (a snapshot may only move the clock).
+  found.sort((a, b) => b.meta.seq - a.meta.seq || b.meta.wallMs - a.meta.wallMs);
+  return found[0]!;
+}
+
+function readIfExists(path: string): Buffer | null {
+  try {
+    return readFileSync(path);
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === 'ENOENT') return null;
     throw error;
   }
-  if (file.length < 12 || !file.subarray(0, 8).equals(SNAPSHOT_MAGIC)) throw new Error(`${path} is not a validator snapshot`);
+}
+
+/** A snapshot file's content, or null when it is not whole (torn, or not ours). */
+function parseSnapshot(file: Buffer): { meta: SnapshotMeta; state: Uint8Array } | null {
+  if (file.length < HEADER_BYTES + CRC_BYTES || !file.subarray(0, 8).equals(SNAPSHOT_MAGIC)) return null;
+  const metaLength = file.readUInt32LE(8);
+  const stateLength = file.readUInt32LE(12);
+  if (metaLength > META_BYTES_MAX) return null;
+  const end = HEADER_BYTES + metaLength + stateLength;
+  if (end + CRC_BYTES > file.length || crc32(file.subarray(0, end)) !== file.readUInt32LE(end)) return null;
+  const meta = JSON.parse(file.subarray(HEADER_BYTES, HEADER_BYTES + metaLength).toString('utf8')) as SnapshotMeta;
+  if (meta.version !== 1) throw new Error(`validator snapshot version ${String(meta.version)}, expected 1`);
+  return { meta, state: file.subarray(HEADER_BYTES + metaLength, end) };
+}
+
+function parseLegacySnapshot(path: string, file: Buffer): { meta: SnapshotMeta; state: Uint8Array } {
+  if (file.length < 12 || !file.subarray(0, 8).equals(LEGACY_SNAPSHOT_MAGIC)) throw new Error(`${path} is not a validator snapshot`);
   const metaLength = file.readUInt32LE(8);
   if (metaLength > META_BYTES_MAX || 12 + metaLength > file.length) throw new Error(`${path} has a damaged header`);
   const meta = JSON.parse(file.subarray(12, 12 + metaLength).toString('utf8')) as SnapshotMeta;

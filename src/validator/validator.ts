@@ -44,7 +44,7 @@ import { referenceMemoIx } from '../chain/client.ts';
 import { generateSecretKey, loadOrCreateKeyFile } from '../chain/operator-key.ts';
 import { decodeBase58, encodeBase58 } from '../chain/base58.ts';
 import { deployUpgradeableProgram, PROGRAMDATA_METADATA_SIZE, UPGRADEABLE_LOADER } from './loader.ts';
-import { acquireLock, readSnapshot, writeSnapshot, type SnapshotMeta } from './state-file.ts';
+import { acquireLock, readSnapshot, writeSnapshot, type SnapshotFile, type SnapshotMeta } from './state-file.ts';
 import { describeTransactionError, transactionErrorJson, type TransactionErrorJson } from './transaction-error.ts';
 import {
   addressKey,
@@ -263,6 +263,7 @@ export class LocalValidator {
   #persistTimer: NodeJS.Timeout | null = null;
   #persisting: Promise<void> | null = null;
   #lastPersistStartMs = 0;
+  #nextSnapshotFile: SnapshotFile;
   #stateDirty = false;
   #closed = false;
   #closing: Promise<void> | null = null;
@@ -280,6 +281,8 @@ export class LocalValidator {
     seq: number;
     lastUnixTimestamp: number;
     persistIntervalMs: number;
+    /** the snapshot file the next snapshot goes to: not the one loaded */
+    nextSnapshotFile: SnapshotFile;
     log: (entry: Record<string, unknown>) => void;
     releaseLock: () => void;
   }) {
@@ -298,6 +301,7 @@ export class LocalValidator {
     this.#seq = args.seq;
     this.#appendedSeq = args.seq;
     this.#lastUnixTimestamp = args.lastUnixTimestamp;
+    this.#nextSnapshotFile = args.nextSnapshotFile;
     this.#persistIntervalMs = args.persistIntervalMs;
     this.#log = args.log;
     this.#releaseLock = args.releaseLock;
@@ -380,7 +384,7 @@ export class LocalValidator {
 
       const validator = new LocalValidator({
         svm, clock: options.clock, dataDir, slotMs, genesis, authoritySigner, store, slot, seq, lastUnixTimestamp,
-        persistIntervalMs: options.persistIntervalMs ?? 100, log, releaseLock,
+        persistIntervalMs: options.persistIntervalMs ?? 100, nextSnapshotFile: snapshot?.file === 0 ? 1 : 0, log, releaseLock,
       });
       if (fresh) validator.#createGenesisAccounts();
       await validator.#ensureProgram(programSigner, programSoPath);
@@ -916,7 +920,10 @@ export class LocalValidator {
       let failed = false;
       try {
         await this.#appendThrough(meta.seq);
-        await writeSnapshot(dataDir, meta, state);
+        await writeSnapshot(dataDir, this.#nextSnapshotFile, meta, state);
+        // The next one goes to the other file, leaving this one whole. After a failed write,
+        // the same file again: the other still holds the last snapshot that was made visible.
+        this.#nextSnapshotFile = this.#nextSnapshotFile === 0 ? 1 : 0;
         this.#publish(batch);
         this.#lastPersist = { bytes: state.length, captureMs, totalMs: performance.now() - startedMs, transactions: batch.length };
       } catch (error) {
