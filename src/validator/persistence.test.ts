@@ -97,6 +97,7 @@ describe('local validator persistence', () => {
     // A crash as the snapshot after it was being written: that one torn, the one before whole.
     const newest = readSnapshot(dataDir)!;
     assert.ok(newest.meta.seq > before.meta.seq);
+    assert.deepEqual(SNAPSHOT_FILES.map((name) => existsSync(join(dataDir, name))), [true, true], 'the two files written in turn');
     const torn = readFileSync(join(dataDir, SNAPSHOT_FILES[newest.file!]));
     const middle = torn.length >> 1;
     torn.writeUInt8(torn.readUInt8(middle) ^ 0xff, middle);

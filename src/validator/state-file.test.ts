@@ -3,7 +3,7 @@
  * is passed over for the other; an earlier version's single file still loads.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -34,9 +34,17 @@ describe('validator snapshot files', () => {
     assert.equal(loaded.file, 0);
     assert.deepEqual([loaded.state.length, loaded.state[0], loaded.state.at(-1)], [1_000, 3, 3], 'the old tail is not read');
     assert.ok(statSync(join(path, SNAPSHOT_FILES[0])).size > 3_000, 'the file kept its size (and slack)');
-    // Only the clock moved: the same sequence, a later wall time.
-    await writeSnapshot(path, 1, meta(12, 2_000), stateOf(1_000, 4));
+    // Only the clock moved: the same sequence, a later slot (the wall clock stepped back).
+    await writeSnapshot(path, 1, { ...meta(12, 500), slot: 13 }, stateOf(1_000, 4));
     assert.equal(readSnapshot(path)!.file, 1);
+  });
+
+  test('a file is made whole before it is ever overwritten: a crash while it is first made leaves no snapshot', async () => {
+    const path = fresh();
+    writeFileSync(join(path, `${SNAPSHOT_FILES[0]}.tmp`), 'the first write, torn');
+    assert.equal(readSnapshot(path), null, 'a fresh chain, since nothing was ever visible');
+    await writeSnapshot(path, 0, meta(1), stateOf(100, 1));
+    assert.deepEqual(readdirSync(path).sort(), [SNAPSHOT_FILES[0]]);
   });
 
   test('a file torn by a crash mid-write is passed over for the other; none intact is an error, not a fresh chain', async () => {
@@ -49,21 +57,26 @@ describe('validator snapshot files', () => {
     writeFileSync(newest, bytes);
     const loaded = readSnapshot(path)!;
     assert.deepEqual([loaded.file, loaded.meta.seq, loaded.state[0]], [0, 5, 1], 'the snapshot before');
+    assert.deepEqual(loaded.damaged, [SNAPSHOT_FILES[1]], 'and says which it passed over');
     const other = join(path, SNAPSHOT_FILES[0]);
     writeFileSync(other, readFileSync(other).subarray(0, 100));
     assert.throws(() => readSnapshot(path), /no intact validator snapshot/);
   });
 
-  test('an earlier version\'s single file loads, and the newer of it and the two files wins', async () => {
+  test('an earlier version\'s single file loads until the first of the two files is made, which removes it', async () => {
     const path = fresh();
     const metaBytes = Buffer.from(JSON.stringify(meta(7)), 'utf8');
     const length = Buffer.alloc(4);
     length.writeUInt32LE(metaBytes.length, 0);
-    writeFileSync(join(path, LEGACY_SNAPSHOT_FILE), Buffer.concat([Buffer.from('AVSNAP01', 'latin1'), length, metaBytes, stateOf(500, 9)]));
-    let loaded = readSnapshot(path)!;
+    const legacy = Buffer.concat([Buffer.from('AVSNAP01', 'latin1'), length, metaBytes, stateOf(500, 9)]);
+    writeFileSync(join(path, LEGACY_SNAPSHOT_FILE), legacy);
+    const loaded = readSnapshot(path)!;
     assert.deepEqual([loaded.file, loaded.meta.seq, loaded.state.length, loaded.state[0]], [null, 7, 500, 9]);
     await writeSnapshot(path, 0, meta(8), stateOf(500, 1));
-    loaded = readSnapshot(path)!;
-    assert.deepEqual([loaded.file, loaded.meta.seq], [0, 8]);
+    assert.equal(existsSync(join(path, LEGACY_SNAPSHOT_FILE)), false);
+    // Put back beside a damaged file of the two, the old file is not taken instead.
+    writeFileSync(join(path, LEGACY_SNAPSHOT_FILE), legacy);
+    writeFileSync(join(path, SNAPSHOT_FILES[0]), readFileSync(join(path, SNAPSHOT_FILES[0])).subarray(0, 50));
+    assert.throws(() => readSnapshot(path), /no intact validator snapshot/);
   });
 });

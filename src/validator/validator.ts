@@ -347,6 +347,11 @@ export class LocalValidator {
       let fresh = false;
       if (snapshot) {
         const { meta } = snapshot;
+        if (snapshot.damaged.length) {
+          // A crash while a snapshot was written leaves it torn; the one before it is used, and
+          // nothing of the torn one was ever visible.
+          log({ level: 'warn', msg: 'validator snapshot passed over: it fails its check', files: snapshot.damaged, loadedSeq: meta.seq });
+        }
         if (meta.authority !== authoritySigner.address || meta.programId !== programSigner.address) {
           throw new Error(`validator state at ${dataDir} does not match its key files (${VALIDATOR_KEY_FILE}, ${PROGRAM_KEY_FILE})`);
         }
