@@ -9,7 +9,7 @@ import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageQuery, pageOf, parsePageRequest, toPage, type PageRequest } from '../http/pagination.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
-import { settleKnownOutcomes, type TransactionRow, type TransactionStatus, type TransactionType } from './settlement.ts';
+import { settleKnownOutcomes, settlePendingOf, type TransactionStatus, type TransactionType } from './settlement.ts';
 import {
   TransactionStatusSchema, TransactionTypeSchema, TransactionView, getTransaction, listTransactions, transactionView,
   type TransactionFilter,
@@ -97,12 +97,15 @@ export function filterOf(query: ListQuery): TransactionFilter {
 
 export function transactionRoutes(app: App, ctx: AppContext): void {
   /**
-   * A page of rows as the chain has decided them (settleKnownOutcomes). One selected by a status
-   * it no longer has (a `pending` just settled) is left out; the cursor still follows the rows
-   * as selected, so the next page starts where this one did end.
+   * A page of the organisation's transactions (or one wallet's) as the chain has decided them.
+   * Selecting by `pending`, what the chain has decided among the pending rows is settled first,
+   * so the page holds those still pending; the rows shown are then settled as any read does
+   * (settleKnownOutcomes), and one that settled since it was selected is left out of a page
+   * selected by a status it no longer has (the cursor follows the rows as selected).
    */
-  const settledPage = async (filter: TransactionFilter, page: PageRequest, selected: TransactionRow[]) => {
-    const settled = await settleKnownOutcomes(ctx, selected);
+  const settledPage = async (orgId: string, filter: TransactionFilter, page: PageRequest) => {
+    if (filter.status === 'pending') await settlePendingOf(ctx, orgId, filter.walletId);
+    const settled = await settleKnownOutcomes(ctx, await listTransactions(ctx.db, orgId, filter, page));
     const result = toPage(settled, page, (row) => row);
     const shown = filter.status === undefined ? result.data : result.data.filter((row) => row.status === filter.status);
     return { ...result, data: shown.map((row) => transactionView(row, ctx)) };
@@ -149,8 +152,7 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const page = parsePageRequest(request.query);
-    const filter = filterOf(request.query);
-    return settledPage(filter, page, await listTransactions(ctx.db, orgId, filter, page));
+    return settledPage(orgId, filterOf(request.query), page);
   });
 
   app.get('/v1/wallets/:wallet_id/transactions', {
@@ -165,8 +167,7 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
     const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
     assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
     const page = parsePageRequest(request.query);
-    const filter = { ...filterOf(request.query), walletId: wallet.id };
-    return settledPage(filter, page, await listTransactions(ctx.db, principal.orgId, filter, page));
+    return settledPage(principal.orgId, { ...filterOf(request.query), walletId: wallet.id }, page);
   });
 }
 

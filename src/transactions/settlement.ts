@@ -382,6 +382,20 @@ export async function settleKnownOutcomes(
 }
 
 /**
+ * settleKnownOutcomes for an organisation's pending rows (or one wallet's), the oldest first, at
+ * most 256: before a selection by status, or a check that nothing is in flight.
+ */
+export async function settlePendingOf(
+  ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, orgId: string, walletId?: string,
+): Promise<void> {
+  const rows = await ctx.db.query<TransactionRow>(
+    `SELECT * FROM transactions WHERE status = 'pending' AND tx_signature IS NOT NULL AND org_id = $1
+       ${walletId === undefined ? '' : 'AND wallet_id = $2'} ORDER BY created_at LIMIT ${STATUS_BATCH_MAX}`,
+    walletId === undefined ? [orgId] : [orgId, walletId]);
+  await settleKnownOutcomes(ctx, rows);
+}
+
+/**
  * A transaction never seen is declared expired only this many blocks after its last valid
  * height: one that landed in its very last valid block may take a moment to show its status.
  */

@@ -21,7 +21,7 @@ import { formatUsdc } from '../money/money.ts';
 import { newSessionAuthority, tokenMatches } from './session-token.ts';
 import type { Principal } from '../http/auth.ts';
 import { SpendingView } from '../payments/budgets.ts';
-import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
+import { settlePendingOf } from '../transactions/settlement.ts';
 
 export const WALLET_STATUSES = ['active', 'idle', 'policy_violation', 'frozen', 'unfunded', 'archived'] as const;
 export type WalletStatus = (typeof WALLET_STATUSES)[number];
@@ -432,9 +432,7 @@ async function syncQuietly(ctx: Ctx, orgId: string, walletId: string): Promise<v
 export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): Promise<WalletWithPolicy> {
   // A payment answered `confirmed` is settled in the index just after its answer: what the chain
   // has already decided is settled first, so "pay the rest, then archive" does not find it in flight.
-  await settleKnownOutcomes(ctx, await ctx.db.query<TransactionRow>(
-    `SELECT * FROM transactions WHERE org_id = $1 AND wallet_id = $2 AND status = 'pending' AND tx_signature IS NOT NULL LIMIT 256`,
-    [orgId, walletId]));
+  await settlePendingOf(ctx, orgId, walletId);
   const nowMs = ctx.clock.nowMs();
   await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
