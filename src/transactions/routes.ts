@@ -18,6 +18,8 @@ import {
 const TxParams = Type.Object({ tx_id: Type.String({ maxLength: 64 }) });
 const WalletParams = Type.Object({ wallet_id: Type.String({ maxLength: 64 }) });
 const TIME_MAX_CHARS = 40;
+/** How many times a `status=pending` page is selected while its rows keep settling. */
+const PENDING_SELECT_ROUNDS = 4;
 
 /** The filters both lists take (SPEC: status, from, to, type, limit, cursor). */
 const WalletListFields = {
@@ -98,14 +100,22 @@ export function filterOf(query: ListQuery): TransactionFilter {
 export function transactionRoutes(app: App, ctx: AppContext): void {
   /**
    * A page of the organisation's transactions (or one wallet's) as the chain has decided them.
-   * Selecting by `pending`, what the chain has decided among the pending rows is settled first,
-   * so the page holds those still pending; the rows shown are then settled as any read does
+   * Selecting by `pending`, what the chain has decided among the newest 256 pending rows is
+   * settled first, and the page is selected again while its rows keep settling (a few times),
+   * so it holds those still pending; the rows shown are settled as any read does
    * (settleKnownOutcomes), and one that settled since it was selected is left out of a page
    * selected by a status it no longer has (the cursor follows the rows as selected).
    */
   const settledPage = async (orgId: string, filter: TransactionFilter, page: PageRequest) => {
     if (filter.status === 'pending') await settlePendingOf(ctx, orgId, filter.walletId);
-    const settled = await settleKnownOutcomes(ctx, await listTransactions(ctx.db, orgId, filter, page));
+    let selected = await listTransactions(ctx.db, orgId, filter, page);
+    let settled = await settleKnownOutcomes(ctx, selected);
+    // Rows beyond the ones settled first that settle now: selected again, a few times at most.
+    for (let round = 1; filter.status === 'pending' && round < PENDING_SELECT_ROUNDS; round += 1) {
+      if (settled.every((row, i) => row.status === selected[i]!.status)) break;
+      selected = await listTransactions(ctx.db, orgId, filter, page);
+      settled = await settleKnownOutcomes(ctx, selected);
+    }
     const result = toPage(settled, page, (row) => row);
     const shown = filter.status === undefined ? result.data : result.data.filter((row) => row.status === filter.status);
     return { ...result, data: shown.map((row) => transactionView(row, ctx)) };

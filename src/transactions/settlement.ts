@@ -376,23 +376,33 @@ export async function settleKnownOutcomes(
   })));
   const settled = new Set(known.map((item) => item.signature));
   const ids = rows.filter((row) => row.status === 'pending' && settled.has(row.tx_signature!)).map((row) => row.id);
-  const fresh = new Map((await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1::text[])', [ids]))
-    .map((row) => [row.id, row]));
-  return rows.map((row) => fresh.get(row.id) ?? row);
+  try {
+    const fresh = new Map((await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1::text[])', [ids]))
+      .map((row) => [row.id, row]));
+    return rows.map((row) => fresh.get(row.id) ?? row);
+  } catch (error) {
+    ctx.log.warn({ err: error }, 'reading settled transactions back failed; shown as stored');
+    return rows;
+  }
 }
 
 /**
- * settleKnownOutcomes for an organisation's pending rows (or one wallet's), the oldest first, at
- * most 256: before a selection by status, or a check that nothing is in flight.
+ * settleKnownOutcomes for an organisation's pending rows (or one wallet's), the newest first as
+ * the lists show them, at most 256: before a selection by status, or a check that nothing is in
+ * flight. Best effort: a failure leaves the rows as they are.
  */
 export async function settlePendingOf(
   ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, orgId: string, walletId?: string,
 ): Promise<void> {
-  const rows = await ctx.db.query<TransactionRow>(
-    `SELECT * FROM transactions WHERE status = 'pending' AND tx_signature IS NOT NULL AND org_id = $1
-       ${walletId === undefined ? '' : 'AND wallet_id = $2'} ORDER BY created_at LIMIT ${STATUS_BATCH_MAX}`,
-    walletId === undefined ? [orgId] : [orgId, walletId]);
-  await settleKnownOutcomes(ctx, rows);
+  try {
+    const rows = await ctx.db.query<TransactionRow>(
+      `SELECT * FROM transactions WHERE status = 'pending' AND tx_signature IS NOT NULL AND org_id = $1
+         ${walletId === undefined ? '' : 'AND wallet_id = $2'} ORDER BY created_at DESC LIMIT ${STATUS_BATCH_MAX}`,
+      walletId === undefined ? [orgId] : [orgId, walletId]);
+    await settleKnownOutcomes(ctx, rows);
+  } catch (error) {
+    ctx.log.warn({ err: error, orgId, walletId }, 'settling pending transactions before a read failed');
+  }
 }
 
 /**

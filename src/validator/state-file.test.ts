@@ -3,7 +3,7 @@
  * is passed over for the other; an earlier version's single file still loads.
  */
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -41,10 +41,17 @@ describe('validator snapshot files', () => {
 
   test('a file is made whole before it is ever overwritten: a crash while it is first made leaves no snapshot', async () => {
     const path = fresh();
-    writeFileSync(join(path, `${SNAPSHOT_FILES[0]}.tmp`), 'the first write, torn');
+    // The first write fails (its temporary file cannot be opened): the file is not there at all.
+    mkdirSync(join(path, `${SNAPSHOT_FILES[0]}.tmp`));
+    await assert.rejects(writeSnapshot(path, 0, meta(1), stateOf(100, 1)));
+    assert.equal(existsSync(join(path, SNAPSHOT_FILES[0])), false);
     assert.equal(readSnapshot(path), null, 'a fresh chain, since nothing was ever visible');
+    rmSync(join(path, `${SNAPSHOT_FILES[0]}.tmp`), { recursive: true });
+    writeFileSync(join(path, `${SNAPSHOT_FILES[0]}.tmp`), 'the first write, torn by a crash');
+    assert.equal(readSnapshot(path), null);
     await writeSnapshot(path, 0, meta(1), stateOf(100, 1));
     assert.deepEqual(readdirSync(path).sort(), [SNAPSHOT_FILES[0]]);
+    assert.equal(readSnapshot(path)!.meta.seq, 1);
   });
 
   test('a file torn by a crash mid-write is passed over for the other; none intact is an error, not a fresh chain', async () => {

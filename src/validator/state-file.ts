@@ -149,7 +149,16 @@ export async function writeSnapshot(dataDir: string, file: SnapshotFile, meta: S
   } finally {
     await handle.close();
   }
+  // A file made by a process that stopped, or by an attempt that failed, before its directory
+  // was flushed: flushed once here, before this snapshot counts.
+  if (!directorySynced.has(path)) {
+    await syncDirectory(dataDir);
+    directorySynced.add(path);
+  }
 }
+
+/** Snapshot files whose directory entry this process has flushed. */
+const directorySynced = new Set<string>();
 
 /** One writev, checked whole: a short write (a full disk) would otherwise pass for a snapshot. */
 async function writeAll(handle: FileHandle, parts: readonly Uint8Array[]): Promise<void> {
@@ -160,16 +169,23 @@ async function writeAll(handle: FileHandle, parts: readonly Uint8Array[]): Promi
 
 async function createWhole(dataDir: string, path: string, parts: readonly Uint8Array[]): Promise<void> {
   const temporary = `${path}.tmp`;
-  const handle = await open(temporary, 'w', 0o600);
   try {
-    await writeAll(handle, parts);
-    await handle.datasync();
-  } finally {
-    await handle.close();
+    const handle = await open(temporary, 'w', 0o600);
+    try {
+      await writeAll(handle, parts);
+      await handle.datasync();
+    } finally {
+      await handle.close();
+    }
+  } catch (error) {
+    await rm(temporary, { force: true }).catch(() => {});
+    throw error;
   }
   await rename(temporary, path);
-  await rm(join(dataDir, LEGACY_SNAPSHOT_FILE), { force: true });
   await syncDirectory(dataDir);
+  directorySynced.add(path);
+  // Only once the new file is on disk: the old one is read when neither new file exists.
+  await rm(join(dataDir, LEGACY_SNAPSHOT_FILE), { force: true });
 }
 
 async function syncDirectory(dir: string): Promise<void> {
