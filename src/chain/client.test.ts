@@ -8,6 +8,7 @@ import { generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from '../validator/in-process.ts';
 import { LocalValidator } from '../validator/validator.ts';
+import type { PublishedStatus } from '../validator/validator.ts';
 import { ChainClient, ConfirmationTimeoutError } from './client.ts';
 import { NO_LIMIT } from './program.ts';
 
@@ -219,7 +220,7 @@ describe('chain client, statuses as a cluster gives them', () => {
   });
 
   test('an error reads the same pushed by the embedded validator (plain numbers) or asked for (bigints)', async () => {
-    let push: (statuses: readonly { signature: string; slot: number; err: unknown }[]) => void = () => {};
+    let push: (statuses: readonly PublishedStatus[]) => void = () => {};
     const signature = (await generateKeyPairSigner()).address as never;
     const asked = await clientOn(clusterRpc([
       { slot: 9n, err: { InsufficientFundsForRent: { account_index: 2n } }, confirmationStatus: 'finalized', confirmations: null },

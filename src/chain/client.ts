@@ -24,6 +24,7 @@ import {
   type Signature,
   type SolanaRpcApi,
 } from '@solana/kit';
+import type { PublishedStatus } from '../validator/validator.ts';
 import * as program from './program.ts';
 import { FastSigner } from './signing.ts';
 
@@ -59,14 +60,6 @@ export interface ChainError {
   /** program error name (docs/program.md) or the runtime's error text */
   name: string;
   raw: unknown;
-}
-
-/** A status the chain pushes as it becomes visible (the embedded validator's publish). */
-export interface PublishedStatus {
-  signature: string;
-  slot: number | bigint;
-  /** the chain's error as getSignatureStatuses gives it; null when the transaction succeeded */
-  err: unknown;
 }
 
 export interface TransactionOutcome {
