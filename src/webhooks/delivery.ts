@@ -48,6 +48,8 @@ const CLAIM_BATCH = 50;
 const CLAIMERS = 4;
 /** One dispatch run stops claiming after this long; the next run continues. */
 const DISPATCH_BUDGET_MS = 20_000;
+/** How often a dispatcher run that keeps finding streams to send also looks for due attempts. */
+const DUE_LOOK_EVERY_MS = 250;
 /** The delivery log shows at most this many attempts per delivery (the latest). */
 const LOG_ATTEMPTS_SHOWN_MAX = 25;
 const RETENTION_BATCH = 1_000;
@@ -584,13 +586,20 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
   await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
   let attempted = 0;
+  let dueLookedAt = -Infinity;
   // Several claimers side by side: one's database round trips overlap another's requests. Each
   // takes a stream and a batch of due attempts in turn, so that neither waits for the other.
   const claimer = async (): Promise<void> => {
     while (performance.now() < deadlineMs) {
       const stream = await claimStream(ctx.db, ctx.clock.nowMs(), STREAM_BATCH);
       if (stream) attempted += await sendStream(ctx, stream);
-      const retried = await sendDueAttempts(ctx);
+      // A claimer that keeps finding streams looks for due attempts at most every 250 ms (a run's
+      // first look is at once): the look is a round trip, and after every batch it took a
+      // stream's throughput. A claimer with no stream to take looks each time, so a backlog of
+      // due attempts drains beside the streams.
+      const lookForDue = !stream || performance.now() - dueLookedAt >= DUE_LOOK_EVERY_MS;
+      if (lookForDue) dueLookedAt = performance.now();
+      const retried = lookForDue ? await sendDueAttempts(ctx) : 0;
       attempted += retried;
       if (!stream && !retried) return;
     }
