@@ -329,10 +329,10 @@ export async function fetchGuarded(url: string, options: OutboundRequest): Promi
 const POOL_DESTINATIONS_MAX = 256;
 /**
  * Connections open at once to one destination: above what the service sends concurrently (the
- * webhook dispatcher has at most 200 attempts in flight), so a call never queues behind others
+ * webhook dispatcher has at most 256 attempts in flight), so a call never queues behind others
  * on our side, which would eat into its deadline and fail a receiver that is not slow.
  */
-const POOL_SOCKETS_PER_DESTINATION = 256;
+const POOL_SOCKETS_PER_DESTINATION = 320;
 /**
  * An idle connection is closed after this: below the 5 s keep-alive of common servers (Node's),
  * so the server rarely closes it first. A shorter keep-alive the server announces is honoured.

@@ -44,7 +44,7 @@ export const DELIVERY_LOG_RETENTION_MS = 30 * 24 * 3600 * 1000;
 
 /** Attempts claimed together and sent concurrently by one claimer. */
 const CLAIM_BATCH = 50;
-/** Claimers of one dispatch run, side by side (so at most 200 attempts in flight per process). */
+/** Claimers of one dispatch run, side by side (so at most 4 × 64 = 256 attempts in flight per process). */
 const CLAIMERS = 4;
 /** One dispatch run stops claiming after this long; the next run continues. */
 const DISPATCH_BUDGET_MS = 20_000;
@@ -290,11 +290,11 @@ export async function settleLostFinalAttempts(db: Database, nowMs: number): Prom
 // The stream: first attempts, read from the events themselves
 
 /** Events one stream claim takes at most. */
-const STREAM_BATCH = 256;
+const STREAM_BATCH = 512;
 /** Attempts of one stream claim in flight at once (so a receiver gets at most this many connections). */
-const STREAM_SENDS_MAX = 32;
+const STREAM_SENDS_MAX = 64;
 /**
- * How long a worker holds a webhook's stream: a batch is at most 256 / 32 = 8 rounds of sends,
+ * How long a worker holds a webhook's stream: a batch is at most 512 / 64 = 8 rounds of sends,
  * each within the 5 s deadline, so 40 s. After this the batch counts as lost (its first
  * attempts are `lost`, and their second attempts are due), as a claimed attempt does after its
  * lease. It equals the delay before a second attempt, so a lost first attempt keeps SPEC's schedule.
