@@ -272,17 +272,16 @@ try {
   await closedLoop(baseUrl, bodiesFor(manyVaults, 'warm-up', false), connectionCounts[0]!, 2);
   await sleep(settleSeconds * 1000);
 
-  // The connection count at which the service accepts the most payments (the trial is not timed
-  // into any figure; its payments settle before the next run).
+  // The connection count at which the service accepts the most payments (the trials are not timed
+  // into any figure; each trial's payments settle before the next starts).
   const trials: Array<{ count: number; perSecond: number }> = [];
   for (const count of connectionCounts) {
     const trial = await closedLoop(baseUrl, bodiesFor(manyVaults, 'trial', false), count, TRIAL_SECONDS);
     trials.push({ count, perSecond: trial.ok / trial.durationS });
     log(`trial: ${count} connections, ${TRIAL_SECONDS} s: ${(trial.ok / trial.durationS).toFixed(0)} payments/s`);
-    await sleep(1_000);
+    await sleep(settleSeconds * 1000);
   }
   const connections = trials.reduce((best, trial) => (trial.perSecond > best.perSecond ? trial : best)).count;
-  await sleep(settleSeconds * 1000);
 
   // -------------------------------------------------------------------------------------------
   // Scenarios

@@ -9,7 +9,7 @@
  * 1. claims a webhook's stream: the events after its position and below the horizon (every
  *    older transaction has ended), leased to it for a minute, in one statement;
  * 2. sends them outside any transaction (5 s deadline, no redirects, the SSRF guard of
- *    src/net/outbound.ts), 32 at a time, then
+ *    src/net/outbound.ts), 64 at a time, then
  * 3. records the batch, one delivery and its attempt per event, with the outcome, and moves
  *    the position, in one statement, if the lease is still its own. A lease that lapses is
  *    taken over: its first attempts are recorded lost, their second attempts due on schedule.
@@ -295,7 +295,7 @@ const STREAM_BATCH = 512;
 const STREAM_SENDS_MAX = 64;
 /**
  * How long a worker holds a webhook's stream: a batch is at most 512 / 64 = 8 rounds of sends,
- * each within the 5 s deadline, so 40 s. After this the batch counts as lost (its first
+ * each within the 5 s deadline, after a name resolution of at most 5 s, so 45 s. After this the batch counts as lost (its first
  * attempts are `lost`, and their second attempts are due), as a claimed attempt does after its
  * lease. It equals the delay before a second attempt, so a lost first attempt keeps SPEC's schedule.
  */
@@ -586,20 +586,23 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
   await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
   let attempted = 0;
-  let dueLookedAt = -Infinity;
   // Several claimers side by side: one's database round trips overlap another's requests. Each
   // takes a stream and a batch of due attempts in turn, so that neither waits for the other.
   const claimer = async (): Promise<void> => {
+    let dueLookedAt = -Infinity;
+    let dueWasFull = false;
     while (performance.now() < deadlineMs) {
       const stream = await claimStream(ctx.db, ctx.clock.nowMs(), STREAM_BATCH);
       if (stream) attempted += await sendStream(ctx, stream);
-      // A claimer that keeps finding streams looks for due attempts at most every 250 ms (a run's
-      // first look is at once): the look is a round trip, and after every batch it took a
-      // stream's throughput. A claimer with no stream to take looks each time, so a backlog of
-      // due attempts drains beside the streams.
-      const lookForDue = !stream || performance.now() - dueLookedAt >= DUE_LOOK_EVERY_MS;
+      // A claimer that keeps finding streams looks for due attempts after its first batch, then
+      // at most every 250 ms unless its last look found a full batch of them: a look that finds
+      // nothing is a round trip, and after every batch it took a busy stream's throughput. A
+      // backlog of due attempts is taken a batch per stream batch, as before, and a claimer with
+      // no stream to take looks each time.
+      const lookForDue: boolean = !stream || dueWasFull || performance.now() - dueLookedAt >= DUE_LOOK_EVERY_MS;
       if (lookForDue) dueLookedAt = performance.now();
-      const retried = lookForDue ? await sendDueAttempts(ctx) : 0;
+      const retried: number = lookForDue ? await sendDueAttempts(ctx) : 0;
+      if (lookForDue) dueWasFull = retried >= CLAIM_BATCH;
       attempted += retried;
       if (!stream && !retried) return;
     }

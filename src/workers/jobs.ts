@@ -95,6 +95,6 @@ export const JOBS: readonly Job[] = [
   { name: 'webhooks.retention', intervalMs: 60_000, timeoutMs: 30_000, run: async (ctx) => { await expireDeliveryLog(ctx.db, ctx.clock.nowMs()); } },
   // Webhook deliveries: streams of events and due attempts, claimed and sent (docs/webhooks.md); last,
   // so a run of every job (runOnce) also delivers the events the jobs before it wrote. A run claims
-  // for 20 s, and a stream batch it claimed last can take 40 s more against slow endpoints.
+  // for 20 s, and a stream batch it claimed last can take 45 s more against slow endpoints.
   { name: 'webhooks.deliver', intervalMs: 500, timeoutMs: 90_000, run: async (ctx) => { await dispatchWebhooks(ctx); } },
 ];
