@@ -48,7 +48,7 @@ const CLAIM_BATCH = 50;
 const CLAIMERS = 4;
 /** One dispatch run stops claiming after this long; the next run continues. */
 const DISPATCH_BUDGET_MS = 20_000;
-/** How often a dispatcher run that keeps finding streams to send also looks for due attempts. */
+/** How often a claimer busy with streams looks for due attempts (at once after a full batch of them). */
 const DUE_LOOK_EVERY_MS = 250;
 /** The delivery log shows at most this many attempts per delivery (the latest). */
 const LOG_ATTEMPTS_SHOWN_MAX = 25;
@@ -295,9 +295,10 @@ const STREAM_BATCH = 512;
 const STREAM_SENDS_MAX = 64;
 /**
  * How long a worker holds a webhook's stream: a batch is at most 512 / 64 = 8 rounds of sends,
- * each within the 5 s deadline, after a name resolution of at most 5 s, so 45 s. After this the batch counts as lost (its first
- * attempts are `lost`, and their second attempts are due), as a claimed attempt does after its
- * lease. It equals the delay before a second attempt, so a lost first attempt keeps SPEC's schedule.
+ * each within the 5 s deadline, after a name resolution of at most 5 s, so 45 s. After this the
+ * batch counts as lost (its first attempts are `lost`, and their second attempts are due), as a
+ * claimed attempt does after its lease. It equals the delay before a second attempt, so a lost
+ * first attempt keeps SPEC's schedule.
  */
 export const STREAM_LEASE_MS = RETRY_DELAYS_MS[0];
 /** Lapsed streams taken over per dispatch run. */
@@ -597,8 +598,8 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
       // A claimer that keeps finding streams looks for due attempts after its first batch, then
       // at most every 250 ms unless its last look found a full batch of them: a look that finds
       // nothing is a round trip, and after every batch it took a busy stream's throughput. A
-      // backlog of due attempts is taken a batch per stream batch, as before, and a claimer with
-      // no stream to take looks each time.
+      // backlog of due attempts is still taken a batch per stream batch, and a claimer with no
+      // stream to take looks each time.
       const lookForDue: boolean = !stream || dueWasFull || performance.now() - dueLookedAt >= DUE_LOOK_EVERY_MS;
       if (lookForDue) dueLookedAt = performance.now();
       const retried: number = lookForDue ? await sendDueAttempts(ctx) : 0;
