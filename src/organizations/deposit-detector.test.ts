@@ -124,6 +124,31 @@ describe('deposit detection', () => {
     assert.deepEqual((await depositEvents(b.orgId)).map((e) => e.payload.tx_signature), [toB]);
   });
 
+  // Guarantee: one chain transaction paying several reserves is a deposit for each of them, of
+  // the amount its own reserve received (an exchange's batched payout, say).
+  it('credits every organisation whose reserve one transaction paid', async () => {
+    const a = await t.createOrganization('Batch payee A');
+    const b = await t.createOrganization('Batch payee B');
+    const rpc = ctx().chain.rpc;
+    const holder = await generateKeyPairSigner();
+    await confirmed(rpc, await rpc.requestAirdrop(holder.address, lamports(1_000_000_000n)).send());
+    await ctx().chain.waitForOutcome(await ctx().cheatcodes!.agentVault_mintUsdc(holder.address, '5000000').send());
+    const source = await ctx().validator!.associatedTokenAddress(holder.address);
+    const transfer = await signedTransaction(rpc, holder, [
+      transferToken(source, (await reserveOf(a.orgId)).reserveToken, holder, 1_500_000n),
+      transferToken(source, (await reserveOf(b.orgId)).reserveToken, holder, 2_250_000n),
+    ]);
+    await rpc.sendTransaction(transfer.wire, { encoding: 'base64' }).send();
+    assert.equal((await ctx().chain.waitForOutcome(transfer.signature)).err, null);
+
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(a.adminKey), '1.50');
+    assert.equal(await balanceOf(b.adminKey), '2.25');
+    assert.deepEqual((await depositEvents(a.orgId)).map((e) => [e.payload.amount, e.payload.tx_signature]), [['1.50', transfer.signature]]);
+    assert.deepEqual((await depositEvents(b.orgId)).map((e) => [e.payload.amount, e.payload.tx_signature]), [['2.25', transfer.signature]]);
+  });
+
   // Guarantee: USDC the service itself moved into the reserve (a withdrawal, credited by its
   // settlement) is not counted again as a deposit.
   it('skips the service\'s own transactions', async () => {

@@ -2,8 +2,9 @@
  * Deposits anyone sends to an organisation's reserve token account, on any cluster. The detector
  * reads the account's signatures newer than the organisation's cursor (getSignaturesForAddress),
  * oldest first, and indexes every transaction that raised the account's USDC balance as a
- * deposit: once (the signature is unique in `deposits`), with `org.deposit_confirmed`, and with
- * the cursor moved in the same database transaction.
+ * deposit of the amount it raised it by: once per organisation (`deposits` is unique on the
+ * organisation and the signature; a transaction paying several reserves is a deposit for each),
+ * with `org.deposit_confirmed`, and with the cursor moved in the same database transaction.
  *
  * Not deposits: failed transactions; the service's own transactions (a withdrawal credits the
  * reserve through its settlement, and its signature is in `transactions` before it is sent);
@@ -154,18 +155,11 @@ async function scanOrganization(
       continue;
     }
     const previous = cursor;
-    const deposit = await ctx.db.transaction(async (tx) => {
-      const row = await recordConfirmedDeposit(tx, ctx.clock.nowMs(), org.id, { amount, signature, slot: transaction.slot });
+    await ctx.db.transaction(async (tx) => {
+      await recordConfirmedDeposit(tx, ctx.clock.nowMs(), org.id, { amount, signature, slot: transaction.slot });
       await moveCursor(tx, org.id, previous, signature, org.deposit_scan_before);
-      return row;
     });
-    if (deposit.org_id !== org.id) {
-      // `deposits.tx_signature` is unique across organisations: one transaction paying two
-      // reserves is credited to the first organisation that indexed it only.
-      ctx.log.error({ orgId: org.id, signature, indexedFor: deposit.org_id }, 'deposit shares its signature with another organisation\'s; not credited');
-    } else {
-      deposits += 1;
-    }
+    deposits += 1;
     cursor = signature;
     handled = null;
   }

@@ -1,7 +1,7 @@
 /**
- * Deposits into an organisation's reserve. Confirmed on chain first, then indexed once (the
- * chain signature is unique in `deposits`), with `org.deposit_confirmed` in the same
- * database transaction.
+ * Deposits into an organisation's reserve. Confirmed on chain first, then indexed once per
+ * organisation (one chain transaction may pay several reserves: `deposits` is unique on the
+ * organisation and the signature), with `org.deposit_confirmed` in the same database transaction.
  */
 import { address, type Signature } from '@solana/kit';
 import type { Queryable } from '../db/database.ts';
@@ -22,17 +22,17 @@ export interface DepositRow {
   created_at: Date;
 }
 
-/** Indexes a confirmed deposit; a second call for the same signature changes nothing. */
+/** Indexes a confirmed deposit; a second call for the same organisation and signature changes nothing. */
 export async function recordConfirmedDeposit(
   tx: Queryable, nowMs: number, orgId: string, deposit: { amount: bigint; signature: string; slot: bigint },
 ): Promise<DepositRow> {
   const id = newId('dep', nowMs);
   const inserted = await tx.query<DepositRow>(
     `INSERT INTO deposits (id, org_id, amount, tx_signature, on_chain_slot, status, created_at)
-     VALUES ($1, $2, $3, $4, $5, 'confirmed', $6) ON CONFLICT (tx_signature) DO NOTHING RETURNING *`,
+     VALUES ($1, $2, $3, $4, $5, 'confirmed', $6) ON CONFLICT (org_id, tx_signature) DO NOTHING RETURNING *`,
     [id, orgId, deposit.amount, deposit.signature, deposit.slot, new Date(nowMs)]);
   if (!inserted[0]) {
-    const rows = await tx.query<DepositRow>('SELECT * FROM deposits WHERE tx_signature = $1', [deposit.signature]);
+    const rows = await tx.query<DepositRow>('SELECT * FROM deposits WHERE org_id = $1 AND tx_signature = $2', [orgId, deposit.signature]);
     return rows[0]!;
   }
   const balance = await tx.query<{ reserve_balance: bigint }>(
