@@ -6,7 +6,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
-import { largeTransactionAlerts } from './automation.ts';
+import { openDatabase } from '../db/database.ts';
+import { largeTransactionAlerts, runWalletAutomation } from './automation.ts';
 
 describe('events, wallet states and automation', () => {
   let t: TestService;
@@ -257,6 +258,58 @@ describe('events, wallet states and automation', () => {
     const told = await eventsOf('balance.low', wallet.wallet_id);
     assert.deepEqual(told.map((e) => e.details.reason), ['auto_topup_reserve_insufficient'], 'told once, at the next tick');
     assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
+  });
+
+  // Guarantee: a process killed in the middle of an auto-topup loses no topup. The topup is held
+  // half way (its funding waits for the reserve's lock, which the test holds); at that moment the
+  // vault must not be marked as topped up, or a process killed then would never top it up.
+  test('an auto-topup held half way has not taken its latch: a kill there loses no topup', async (context) => {
+    const databaseUrl = process.env.DATABASE_URL;
+    if (!databaseUrl) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
+      return;
+    }
+    const db = t.service.ctx.db;
+    const wallet = await fundedWallet(t, '10');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+    assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+      { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } })).status, 200);
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
+    const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
+    let release = () => {};
+    const released = new Promise<void>((resolve) => { release = resolve; });
+    try {
+      let locked!: () => void;
+      const isLocked = new Promise<void>((resolve) => { locked = resolve; });
+      const holder = other.transaction(async (tx) => {
+        await tx.query('SELECT id FROM organizations WHERE id = $1 FOR UPDATE', [orgId]);
+        locked();
+        await released;
+      });
+      await isLocked;
+      const automation = runWalletAutomation(t.service.ctx);
+      // Until the topup's funding waits for the reserve.
+      const deadline = Date.now() + 10_000;
+      while ((await db.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted'))[0]!.n === 0) {
+        assert.ok(Date.now() < deadline, 'the topup never reached the reserve\'s lock');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      const [state] = await db.query<{ latched: boolean; fundings: number }>(
+        `SELECT topup_fired_at IS NOT NULL AS latched,
+           (SELECT count(*)::int FROM transactions WHERE wallet_id = $1 AND type = 'funding' AND memo = 'auto-topup') AS fundings
+         FROM wallets WHERE id = $1`, [wallet.wallet_id]);
+      assert.deepEqual({ ...state }, { latched: false, fundings: 0 }, 'nothing of the topup is written until its funding is');
+      release();
+      await holder;
+      assert.deepEqual(await automation, { topups: 1, lowBalance: 0 });
+      await runWalletAutomation(t.service.ctx);
+      assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
+    } finally {
+      release();
+      await other.close();
+    }
   });
 
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {

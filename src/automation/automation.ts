@@ -1,6 +1,7 @@
 /**
  * What the service does on its own (docs/automation.md), each as a job over bounded batches,
- * safe to run in several processes (every action is claimed by a conditional UPDATE first):
+ * safe to run in several processes (every action is claimed by a conditional UPDATE, in the
+ * database transaction that records what it did):
  *
  * - policy expiry: when a policy's expiry passes, every active vault attached to it freezes
  *   (`wallet.frozen`, reason `policy_expired`) and `policy.expired` is written, once per expiry
@@ -99,40 +100,50 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
     return latched;
   });
 
-  const due = await ctx.db.query<{ id: string; org_id: string; balance: bigint; auto_topup_trigger_below: bigint; auto_topup_amount: bigint }>(
-    `UPDATE wallets SET topup_fired_at = $1 WHERE id IN (
-       SELECT id FROM wallets WHERE auto_topup_enabled AND topup_fired_at IS NULL AND balance < auto_topup_trigger_below
-         AND status = 'active' AND provisioned_at IS NOT NULL LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
-     RETURNING id, org_id, balance, auto_topup_trigger_below, auto_topup_amount`, [now]);
+  // Candidates only: each topup's latch is taken in the transaction that records its funding
+  // (or that writes its balance.low), so no moment exists where the latch is taken and nothing
+  // was recorded — a process that dies in between loses no topup.
+  const due = await ctx.db.query<{ id: string; org_id: string; auto_topup_amount: bigint }>(
+    `SELECT id, org_id, auto_topup_amount FROM wallets
+     WHERE auto_topup_enabled AND topup_fired_at IS NULL AND balance < auto_topup_trigger_below
+       AND status = 'active' AND provisioned_at IS NOT NULL
+     ORDER BY id LIMIT ${BATCH}`);
   let topups = 0;
-  type Due = (typeof due)[number];
-  // Funded, or told that the reserve cannot: true when funded.
-  const topUp = async (wallet: Due): Promise<boolean> => {
-    try {
-      await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], undefined, { memo: AUTO_TOPUP_MEMO });
-      return true;
-    } catch (error) {
-      if (!(error instanceof ServiceError) || error.code !== 'org_insufficient_balance') throw error;
-      // The reserve cannot cover it: say so once, do not retry until the balance is back.
-      await recordEvent(ctx.db, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, wallet.balance, wallet.auto_topup_trigger_below, {
-        reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),
-        org_balance: error.details.available,
-      }));
-      return false;
-    }
-  };
+  /** Takes the vault's latch if it is still due (checked again under the lock); the balance and trigger when taken. */
+  const takeLatch = async (tx: Queryable, walletId: string) => (await tx.query<{ balance: bigint; auto_topup_trigger_below: bigint }>(
+    `UPDATE wallets SET topup_fired_at = $2
+     WHERE id = $1 AND auto_topup_enabled AND topup_fired_at IS NULL AND balance < auto_topup_trigger_below
+       AND status = 'active' AND provisioned_at IS NOT NULL
+     RETURNING balance, auto_topup_trigger_below`, [walletId, now]))[0];
   for (const wallet of due) {
     try {
-      if (await topUp(wallet)) topups += 1;
+      await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], async (tx) => {
+        if (!await takeLatch(tx, wallet.id)) throw new TopupNotDue();
+      }, { memo: AUTO_TOPUP_MEMO });
+      topups += 1;
     } catch (error) {
-      // Neither funded nor told (the funding failed, or its refusal could not be written): the
-      // latch is given back, and the next tick tries again.
-      await ctx.db.query('UPDATE wallets SET topup_fired_at = NULL WHERE id = $1', [wallet.id]);
+      if (error instanceof TopupNotDue) continue; // another process took it, or the vault moved meanwhile
+      if (error instanceof ServiceError && error.code === 'org_insufficient_balance') {
+        // The reserve cannot cover it: said once, with the latch, and not tried again until the balance is back.
+        await ctx.db.transaction(async (tx) => {
+          const latched = await takeLatch(tx, wallet.id);
+          if (!latched) return;
+          await recordEvent(tx, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, latched.balance, latched.auto_topup_trigger_below, {
+            reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),
+            org_balance: error.details.available,
+          }));
+        }).catch((failure: unknown) => ctx.log.warn({ err: failure, walletId: wallet.id }, 'auto-topup refusal not written; retried at the next tick'));
+        continue;
+      }
+      // Nothing was recorded (the latch is taken with the funding): the next tick tries again.
       ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup failed; retried at the next tick');
     }
   }
   return { topups, lowBalance: lows.length };
 }
+
+/** An auto-topup's latch was no longer free when its funding was recorded: nothing is recorded. */
+class TopupNotDue extends Error {}
 
 // ---------------------------------------------------------------------------------------------
 // Alerts
