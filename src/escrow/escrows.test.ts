@@ -11,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
+import { openDatabase } from '../db/database.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { signWithSessionToken } from '../wallets/session-token.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
@@ -197,6 +198,59 @@ describe('escrow', () => {
     assert.equal(await balanceOf(t, to.wallet_id), '12.50');
     assert.equal((await escrowOf(withHash.escrow_id)).output_url, `${outputUrl}/report`, 'the requester sees where the output is');
     await assertConserved();
+  });
+
+  // Guarantee: revoking a verifier stops its proofs at once, even one already checked by a
+  // completion still on its way to recording the release.
+  test('a verifier revoked while a completion it signed is in flight: the escrow is not released', async (context) => {
+    const databaseUrl = process.env.DATABASE_URL;
+    if (!databaseUrl) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
+      return;
+    }
+    const from = await fundedWallet(t, '5');
+    const to = await fundedWallet(t, '0.5');
+    const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
+    assert.equal(verifier.status, 200, JSON.stringify(verifier.body));
+    const escrow = (await open(from, to.wallet_id, { verifierId: verifier.body.verifier_id })).body;
+    assert.equal(escrow.status, 'locked', JSON.stringify(escrow));
+    const db = t.service.ctx.db;
+    const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
+    let release = () => {};
+    const released = new Promise<void>((resolve) => { release = resolve; });
+    try {
+      // The escrow's row is held, so the completion stops after its proof was checked, before its release is recorded.
+      let locked!: () => void;
+      const isLocked = new Promise<void>((resolve) => { locked = resolve; });
+      const holder = other.transaction(async (tx) => {
+        await tx.query('SELECT id FROM escrows WHERE id = $1 FOR UPDATE', [escrow.escrow_id]);
+        locked();
+        await released;
+      });
+      await isLocked;
+      const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
+      const completing = t.request('POST', `/v1/payments/a2a/${escrow.escrow_id}/complete`, {
+        body: { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, escrow.escrow_id) },
+      });
+      const deadline = Date.now() + 10_000;
+      while ((await db.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted'))[0]!.n === 0) {
+        assert.ok(Date.now() < deadline, 'the completion never reached the escrow\'s lock');
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      assert.equal((await t.request('DELETE', `/v1/verifiers/${verifier.body.verifier_id}`)).status, 200);
+      release();
+      await holder;
+      const response = await completing;
+      assert.equal(response.status, 400, JSON.stringify(response.body));
+      assert.equal(response.body.error.code, 'invalid_proof');
+      assert.match(response.body.error.message, /revoked/);
+      assert.equal((await escrowOf(escrow.escrow_id)).status, 'locked', 'unchanged');
+      assert.equal(await balanceOf(t, to.wallet_id), '0.50');
+    } finally {
+      release();
+      await other.close();
+    }
   });
 
   test('a timeout refunds on the service clock; completing after it is escrow_expired; a settled escrow refuses everything', async () => {

@@ -188,6 +188,20 @@ export async function assertVerifierUsable(q: Queryable, orgId: string, verifier
   if (rows[0].revoked_at) throw invalidRequest('verifierId', `Verifier ${quoted(verifierId)} is revoked.`);
 }
 
+/**
+ * When an escrow's release is recorded: its verifier is still not revoked. The row is locked
+ * (FOR SHARE) until the release commits, so a revocation either came first and refuses the
+ * proof checked before it, or waits for the release: a proof checked just before a revocation
+ * cannot release the escrow after it.
+ */
+export async function assertVerifierLive(tx: Queryable, orgId: string, verifierId: string): Promise<void> {
+  const [verifier] = await tx.query<Pick<VerifierRow, 'revoked_at'>>(
+    'SELECT revoked_at FROM verifiers WHERE org_id = $1 AND id = $2 FOR SHARE', [orgId, verifierId]);
+  if (!verifier || verifier.revoked_at) {
+    throw invalidProof(`The escrow's verifier ${quoted(verifierId)} was revoked: its proofs no longer verify.`);
+  }
+}
+
 function invalidProof(reason: string): ServiceError {
   return new ServiceError('invalid_proof', reason, { param: 'proof' });
 }
