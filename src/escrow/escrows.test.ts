@@ -200,55 +200,72 @@ describe('escrow', () => {
     await assertConserved();
   });
 
-  // Guarantee: revoking a verifier stops its proofs at once, even one already checked by a
-  // completion still on its way to recording the release.
-  test('a verifier revoked while a completion it signed is in flight: the escrow is not released', async (context) => {
+  // Guarantee: revoking a verifier, or rotating the receiving vault's session token, stops the
+  // proofs they signed at once, even one already checked by a completion still on its way to
+  // recording the release.
+  test('a credential taken back while a completion it signed is in flight: the escrow is not released', async (context) => {
     const databaseUrl = process.env.DATABASE_URL;
     if (!databaseUrl) {
       context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
       return;
     }
-    const from = await fundedWallet(t, '5');
-    const to = await fundedWallet(t, '0.5');
-    const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
-    assert.equal(verifier.status, 200, JSON.stringify(verifier.body));
-    const escrow = (await open(from, to.wallet_id, { verifierId: verifier.body.verifier_id })).body;
-    assert.equal(escrow.status, 'locked', JSON.stringify(escrow));
     const db = t.service.ctx.db;
     const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
     const other = await openDatabase({ databaseUrl, dataDir: null, schema });
-    let release = () => {};
-    const released = new Promise<void>((resolve) => { release = resolve; });
-    try {
-      // The escrow's row is held, so the completion stops after its proof was checked, before its release is recorded.
-      let locked!: () => void;
-      const isLocked = new Promise<void>((resolve) => { locked = resolve; });
-      const holder = other.transaction(async (tx) => {
-        await tx.query('SELECT id FROM escrows WHERE id = $1 FOR UPDATE', [escrow.escrow_id]);
-        locked();
-        await released;
-      });
-      await isLocked;
-      const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
-      const completing = t.request('POST', `/v1/payments/a2a/${escrow.escrow_id}/complete`, {
-        body: { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, escrow.escrow_id) },
-      });
-      const deadline = Date.now() + 10_000;
-      while ((await db.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted'))[0]!.n === 0) {
-        assert.ok(Date.now() < deadline, 'the completion never reached the escrow\'s lock');
-        await new Promise((resolve) => setTimeout(resolve, 20));
+    /** Completes with `body` while the escrow's row is held (after the proof's check, before the release), calling `takeBack` meanwhile. */
+    const completeWhileHeld = async (escrowId: string, body: Record<string, unknown>, takeBack: () => Promise<void>) => {
+      let release = () => {};
+      const released = new Promise<void>((resolve) => { release = resolve; });
+      try {
+        let locked!: () => void;
+        const isLocked = new Promise<void>((resolve) => { locked = resolve; });
+        const holder = other.transaction(async (tx) => {
+          await tx.query('SELECT id FROM escrows WHERE id = $1 FOR UPDATE', [escrowId]);
+          locked();
+          await released;
+        });
+        await isLocked;
+        const completing = t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, { body });
+        const deadline = Date.now() + 10_000;
+        while ((await db.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted'))[0]!.n === 0) {
+          assert.ok(Date.now() < deadline, 'the completion never reached the escrow\'s lock');
+          await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+        await takeBack();
+        release();
+        await holder;
+        return await completing;
+      } finally {
+        release();
       }
-      assert.equal((await t.request('DELETE', `/v1/verifiers/${verifier.body.verifier_id}`)).status, 200);
-      release();
-      await holder;
-      const response = await completing;
-      assert.equal(response.status, 400, JSON.stringify(response.body));
-      assert.equal(response.body.error.code, 'invalid_proof');
-      assert.match(response.body.error.message, /revoked/);
-      assert.equal((await escrowOf(escrow.escrow_id)).status, 'locked', 'unchanged');
+    };
+    try {
+      const from = await fundedWallet(t, '10');
+      const to = await fundedWallet(t, '0.5');
+      const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
+
+      const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
+      assert.equal(verifier.status, 200, JSON.stringify(verifier.body));
+      const verified = (await open(from, to.wallet_id, { verifierId: verifier.body.verifier_id })).body;
+      const revoked = await completeWhileHeld(verified.escrow_id,
+        { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, verified.escrow_id) },
+        async () => { assert.equal((await t.request('DELETE', `/v1/verifiers/${verifier.body.verifier_id}`)).status, 200); });
+      assert.equal(revoked.status, 400, JSON.stringify(revoked.body));
+      assert.equal(revoked.body.error.code, 'invalid_proof');
+      assert.match(revoked.body.error.message, /revoked/);
+
+      const plain = (await open(from, to.wallet_id)).body;
+      const token = (await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+      const attestation = encodeAttestation({ escrow_id: plain.escrow_id, task_hash: plain.task_hash }, (message) => signWithSessionToken(token, message));
+      const rotated = await completeWhileHeld(plain.escrow_id, { proofType: 'signed_attestation', proof: attestation },
+        async () => { assert.equal((await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).status, 200); });
+      assert.equal(rotated.status, 400, JSON.stringify(rotated.body));
+      assert.equal(rotated.body.error.code, 'invalid_proof');
+      assert.match(rotated.body.error.message, /current session authority/);
+
+      for (const escrow of [verified, plain]) assert.equal((await escrowOf(escrow.escrow_id)).status, 'locked', 'unchanged');
       assert.equal(await balanceOf(t, to.wallet_id), '0.50');
     } finally {
-      release();
       await other.close();
     }
   });

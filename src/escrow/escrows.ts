@@ -31,9 +31,9 @@ import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-s
 import {
   EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
-import { assertVerifierLive, assertVerifierUsable } from '../verifiers/verifiers.ts';
+import { assertVerifierUsable } from '../verifiers/verifiers.ts';
 import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
-import { sha256Of, verifyProof, type ProofInput } from './proofs.ts';
+import { recheckProofLocked, sha256Of, verifyProof, type ProofInput } from './proofs.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
 
@@ -301,7 +301,7 @@ export async function completeEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
-    if (proof.proofType === 'webhook_callback') await assertVerifierLive(tx, escrow.org_id, escrow.verifier_id!);
+    await recheckProofLocked(tx, nowMs, escrow, proof);
     await tx.query(
       `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
          proof_type = $4, output_url = $5, completed_at = $6, updated_at = $6 WHERE id = $1`,

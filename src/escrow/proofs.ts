@@ -119,7 +119,7 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
   if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
 }
 
-async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForProof, proof: string): Promise<void> {
+async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForProof, proof: string, lock: boolean): Promise<void> {
   if (escrow.to_wallet_id === null) {
     throw invalidProof('A signed_attestation needs a receiving vault of this service (its session authority signs it).');
   }
@@ -141,7 +141,7 @@ async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForP
     throw invalidProof('The attestation\'s output_hash differs from the expectedOutputHash the escrow was created with.');
   }
   const [vault] = await q.query<{ session_public_key: string | null; session_expires_at: Date | null }>(
-    'SELECT session_public_key, session_expires_at FROM wallets WHERE id = $1', [escrow.to_wallet_id]);
+    `SELECT session_public_key, session_expires_at FROM wallets WHERE id = $1${lock ? ' FOR SHARE' : ''}`, [escrow.to_wallet_id]);
   if (!vault?.session_public_key || !vault.session_expires_at || vault.session_expires_at.getTime() <= nowMs) {
     throw invalidProof('The receiving vault has no current session authority to verify the attestation with.');
   }
@@ -179,9 +179,26 @@ export async function verifyProof(
     case 'output_hash':
       return verifyOutputHash(escrow, input, options.allowPrivate);
     case 'signed_attestation':
-      return verifyAttestation(q, nowMs, escrow, input.proof);
+      return verifyAttestation(q, nowMs, escrow, input.proof, false);
     case 'webhook_callback':
-      if (escrow.verifier_id === null) throw invalidProof('This escrow names no verifier: a webhook_callback proof cannot be checked.');
-      return verifyCallbackProof(q, nowMs, escrow.org_id, escrow.verifier_id, escrow.id, input.proof);
+      return verifyCallback(q, nowMs, escrow, input.proof, false);
   }
+}
+
+function verifyCallback(q: Queryable, nowMs: number, escrow: EscrowForProof, proof: string, lock: boolean): Promise<void> {
+  if (escrow.verifier_id === null) throw invalidProof('This escrow names no verifier: a webhook_callback proof cannot be checked.');
+  return verifyCallbackProof(q, nowMs, escrow.org_id, escrow.verifier_id, escrow.id, proof, lock);
+}
+
+/**
+ * In the transaction that records a release, after verifyProof passed: checks again the part of
+ * the proof that rests on a credential the service stores and can take back — the verifier's
+ * secret, the receiving vault's session authority — with its row locked FOR SHARE. A revocation
+ * or rotation then either came first and refuses the proof, or waits for the release to commit:
+ * a proof checked just before it cannot release the escrow after it. An output hash rests on
+ * nothing the service can take back, and its bytes are not fetched again.
+ */
+export async function recheckProofLocked(tx: Queryable, nowMs: number, escrow: EscrowForProof, input: ProofInput): Promise<void> {
+  if (input.proofType === 'signed_attestation') await verifyAttestation(tx, nowMs, escrow, input.proof, true);
+  else if (input.proofType === 'webhook_callback') await verifyCallback(tx, nowMs, escrow, input.proof, true);
 }

@@ -188,20 +188,6 @@ export async function assertVerifierUsable(q: Queryable, orgId: string, verifier
   if (rows[0].revoked_at) throw invalidRequest('verifierId', `Verifier ${quoted(verifierId)} is revoked.`);
 }
 
-/**
- * When an escrow's release is recorded: its verifier is still not revoked. The row is locked
- * (FOR SHARE) until the release commits, so a revocation either came first and refuses the
- * proof checked before it, or waits for the release: a proof checked just before a revocation
- * cannot release the escrow after it.
- */
-export async function assertVerifierLive(tx: Queryable, orgId: string, verifierId: string): Promise<void> {
-  const [verifier] = await tx.query<Pick<VerifierRow, 'revoked_at'>>(
-    'SELECT revoked_at FROM verifiers WHERE org_id = $1 AND id = $2 FOR SHARE', [orgId, verifierId]);
-  if (!verifier || verifier.revoked_at) {
-    throw invalidProof(`The escrow's verifier ${quoted(verifierId)} was revoked: its proofs no longer verify.`);
-  }
-}
-
 function invalidProof(reason: string): ServiceError {
   return new ServiceError('invalid_proof', reason, { param: 'proof' });
 }
@@ -219,9 +205,11 @@ function signaturesEqual(expectedHex: string, presentedHex: string): boolean {
  * what is wrong; resolves when the proof holds.
  *
  * A proof is not single-use here: it is bound to one escrow, and an escrow completes once.
+ * `lock`: the verifier's row is read FOR SHARE, so that a revocation or rotation waits for the
+ * caller's transaction (the release it records) instead of slipping in after the check.
  */
 export async function verifyCallbackProof(
-  q: Queryable, nowMs: number, orgId: string, verifierId: string, escrowId: string, proof: string,
+  q: Queryable, nowMs: number, orgId: string, verifierId: string, escrowId: string, proof: string, lock = false,
 ): Promise<void> {
   const match = proof.length <= PROOF_LENGTH_MAX ? PROOF_FORMAT.exec(proof) : null;
   if (!match) {
@@ -233,7 +221,7 @@ export async function verifyCallbackProof(
     throw invalidProof(`The proof's time t=${timestampSeconds} is more than ${PROOF_TOLERANCE_SECONDS} seconds away from the service clock `
       + `(now ${Math.floor(nowMs / 1000)}): sign a fresh one.`);
   }
-  const [verifier] = await q.query<VerifierRow>('SELECT * FROM verifiers WHERE org_id = $1 AND id = $2', [orgId, verifierId]);
+  const [verifier] = await q.query<VerifierRow>(`SELECT * FROM verifiers WHERE org_id = $1 AND id = $2${lock ? ' FOR SHARE' : ''}`, [orgId, verifierId]);
   if (!verifier) throw invalidProof(`The escrow's verifier ${quoted(verifierId)} does not exist in this organisation.`);
   if (verifier.revoked_at || verifier.signing_secret === null) {
     throw invalidProof(`The escrow's verifier ${quoted(verifierId)} was revoked: its proofs no longer verify.`);
