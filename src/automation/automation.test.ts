@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
+import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
 import { largeTransactionAlerts, runWalletAutomation } from './automation.ts';
 
@@ -280,22 +281,19 @@ describe('events, wallet states and automation', () => {
     const other = await openDatabase({ databaseUrl, dataDir: null, schema });
     let release = () => {};
     const released = new Promise<void>((resolve) => { release = resolve; });
+    let holder: Promise<void> | undefined;
     try {
-      let locked!: () => void;
-      const isLocked = new Promise<void>((resolve) => { locked = resolve; });
-      const holder = other.transaction(async (tx) => {
-        await tx.query('SELECT id FROM organizations WHERE id = $1 FOR UPDATE', [orgId]);
-        locked();
+      let locked!: (pid: number) => void;
+      const isLocked = new Promise<number>((resolve) => { locked = resolve; });
+      holder = other.transaction(async (tx) => {
+        // As the funding takes it (lockReserve).
+        await tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
+        locked((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
         await released;
       });
-      await isLocked;
+      const holderPid = await isLocked;
       const automation = runWalletAutomation(t.service.ctx);
-      // Until the topup's funding waits for the reserve.
-      const deadline = Date.now() + 10_000;
-      while ((await db.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted'))[0]!.n === 0) {
-        assert.ok(Date.now() < deadline, 'the topup never reached the reserve\'s lock');
-        await new Promise((resolve) => setTimeout(resolve, 20));
-      }
+      await queuedBehind(db, holderPid, 1); // the topup's funding waits for the reserve
       const [state] = await db.query<{ latched: boolean; fundings: number }>(
         `SELECT topup_fired_at IS NOT NULL AS latched,
            (SELECT count(*)::int FROM transactions WHERE wallet_id = $1 AND type = 'funding' AND memo = 'auto-topup') AS fundings
@@ -308,6 +306,7 @@ describe('events, wallet states and automation', () => {
       assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     } finally {
       release();
+      await holder?.catch(() => {});
       await other.close();
     }
   });

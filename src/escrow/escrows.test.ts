@@ -11,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
+import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { signWithSessionToken } from '../wallets/session-token.ts';
@@ -216,27 +217,25 @@ describe('escrow', () => {
     const completeWhileHeld = async (escrowId: string, body: Record<string, unknown>, takeBack: () => Promise<void>) => {
       let release = () => {};
       const released = new Promise<void>((resolve) => { release = resolve; });
+      let holder: Promise<void> | undefined;
       try {
-        let locked!: () => void;
-        const isLocked = new Promise<void>((resolve) => { locked = resolve; });
-        const holder = other.transaction(async (tx) => {
+        let locked!: (pid: number) => void;
+        const isLocked = new Promise<number>((resolve) => { locked = resolve; });
+        holder = other.transaction(async (tx) => {
           await tx.query('SELECT id FROM escrows WHERE id = $1 FOR UPDATE', [escrowId]);
-          locked();
+          locked((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
           await released;
         });
-        await isLocked;
+        const holderPid = await isLocked;
         const completing = t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, { body });
-        const deadline = Date.now() + 10_000;
-        while ((await db.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted'))[0]!.n === 0) {
-          assert.ok(Date.now() < deadline, 'the completion never reached the escrow\'s lock');
-          await new Promise((resolve) => setTimeout(resolve, 20));
-        }
+        await queuedBehind(db, holderPid, 1); // the completion's proof was checked; its release waits for the escrow
         await takeBack();
         release();
         await holder;
         return await completing;
       } finally {
         release();
+        await holder?.catch(() => {});
       }
     };
     try {
@@ -265,6 +264,74 @@ describe('escrow', () => {
 
       for (const escrow of [verified, plain]) assert.equal((await escrowOf(escrow.escrow_id)).status, 'locked', 'unchanged');
       assert.equal(await balanceOf(t, to.wallet_id), '0.50');
+    } finally {
+      await other.close();
+    }
+  });
+
+  // Guarantee: a completion never deadlocks with a payment batch (or a funding) that locks the
+  // same two vaults, whichever of them comes first in id order.
+  test('a completion and a batch locking both its vaults in id order do not deadlock', async (context) => {
+    const databaseUrl = process.env.DATABASE_URL;
+    if (!databaseUrl) {
+      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
+      return;
+    }
+    const db = t.service.ctx.db;
+    const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
+    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
+    try {
+      const [first, second] = [await fundedWallet(t, '5'), await fundedWallet(t, '5')].sort((x, y) => (x.wallet_id < y.wallet_id ? -1 : 1)) as [FundedWallet, FundedWallet];
+      const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
+      const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
+      const cases = [
+        { name: 'sender first, attestation', from: first, to: second, proofOf: async (escrow: { escrow_id: string; task_hash: string }) => {
+          const token = (await t.request('POST', `/v1/wallets/${second.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+          return { proofType: 'signed_attestation', proof: encodeAttestation({ escrow_id: escrow.escrow_id, task_hash: escrow.task_hash },
+            (message) => signWithSessionToken(token, message)) };
+        }, extra: {} },
+        { name: 'receiver first, verifier', from: second, to: first, proofOf: async (escrow: { escrow_id: string }) =>
+          ({ proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, escrow.escrow_id) }),
+        extra: { verifierId: verifier.body.verifier_id } },
+      ];
+      /** `request` while a payment batch of both vaults holds the first in id order, then (once it waits) takes the second too. */
+      const beside = async (name: string, request: () => ReturnType<typeof t.request>): Promise<any> => {
+        let proceed = () => {};
+        const mayProceed = new Promise<void>((resolve) => { proceed = resolve; });
+        let locked!: (pid: number) => void;
+        const isLocked = new Promise<number>((resolve) => { locked = resolve; });
+        const batch = other.transaction(async (tx) => {
+          await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [first.wallet_id]);
+          locked((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
+          await mayProceed;
+          await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [second.wallet_id]);
+        });
+        try {
+          const holderPid = await isLocked;
+          const requesting = request();
+          await queuedBehind(db, holderPid, 1);
+          proceed();
+          const [batchOutcome, answered] = await Promise.allSettled([batch, requesting]);
+          assert.equal(batchOutcome.status === 'rejected' ? String(batchOutcome.reason) : 'ok', 'ok', name);
+          assert.equal(answered.status, 'fulfilled', name);
+          const response = (answered as PromiseFulfilledResult<Awaited<typeof requesting>>).value;
+          assert.equal(response.status, 200, `${name}: ${JSON.stringify(response.body)}`);
+          return response.body;
+        } finally {
+          proceed();
+          await batch.catch(() => {});
+        }
+      };
+      for (const { name, from, to, proofOf, extra } of cases) {
+        const escrow = (await open(from, to.wallet_id, extra)).body;
+        assert.equal(escrow.status, 'locked', `${name}: ${JSON.stringify(escrow)}`);
+        const body = await proofOf(escrow);
+        const completed = await beside(name, () => t.request('POST', `/v1/payments/a2a/${escrow.escrow_id}/complete`, { body }));
+        assert.equal(completed.status, 'released', name);
+      }
+      // An escrow opened by the later vault to the earlier one: its foreign key locks the receiver.
+      const opened = await beside('opened, receiver first', () => open(second, first.wallet_id));
+      assert.equal(opened.status, 'locked');
     } finally {
       await other.close();
     }

@@ -218,6 +218,11 @@ export async function createEscrow(
 
     const decided = await ctx.db.transaction(async (tx) => {
       const recordedMs = ctx.clock.nowMs();
+      // Vaults in id order (lockEscrowVaults): a receiving vault ahead of the payer is locked
+      // first, as the escrow's foreign key would lock it after.
+      if (receiver.walletId !== null && receiver.walletId < input.fromWallet) {
+        await tx.query('SELECT id FROM wallets WHERE id = $1 FOR KEY SHARE', [receiver.walletId]);
+      }
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
       assertNotArchived(wallet);
       if (wallet.status === 'frozen') throw frozenError(wallet);
@@ -301,6 +306,8 @@ export async function completeEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
+    // The receiving vault's session authority is re-checked under a share lock.
+    await lockEscrowVaults(tx, escrow, proof.proofType === 'signed_attestation' ? 'SHARE' : 'KEY SHARE');
     await recheckProofLocked(tx, nowMs, escrow, proof);
     await tx.query(
       `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
@@ -324,6 +331,20 @@ function assertCompletable(escrow: EscrowRow, nowMs: number): void {
 }
 
 /**
+ * Locks the escrow's vaults (the sender's, and the receiver's when it is a vault of this
+ * service) in id order, as payment batches and fundings lock vaults. The foreign keys of the rows
+ * an escrow writes lock them too (FOR KEY SHARE), but in the order the rows are written, which
+ * could close a cycle with a batch holding both vaults FOR UPDATE. `SHARE` where a vault's own
+ * columns are read under the lock.
+ */
+async function lockEscrowVaults(
+  tx: Queryable, escrow: Pick<EscrowRow, 'from_wallet_id' | 'to_wallet_id'>, strength: 'SHARE' | 'KEY SHARE',
+): Promise<void> {
+  const ids = [...new Set([escrow.from_wallet_id, escrow.to_wallet_id].filter((id): id is string => id !== null))].sort();
+  await tx.query(`SELECT id FROM wallets WHERE id = ANY($1::text[]) ORDER BY id FOR ${strength}`, [ids]);
+}
+
+/**
  * The transaction rows of a payout from the escrow: `escrow_release` (and `a2a_receive` on a
  * receiving vault of this service) for the receiver's leg, `escrow_refund` for the sender's.
  */
@@ -331,6 +352,7 @@ async function recordPayout(
   tx: Queryable, nowMs: number, escrow: EscrowRow, prepared: { signature: string; lastValidBlockHeight: bigint },
   toReceiver: bigint, toSender: bigint,
 ): Promise<void> {
+  await lockEscrowVaults(tx, escrow, 'KEY SHARE');
   const common = { signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId: escrow.id };
   if (toReceiver > 0n) {
     await insertTransaction(tx, nowMs, {
