@@ -116,13 +116,22 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
        AND status = 'active' AND provisioned_at IS NOT NULL
      RETURNING balance, auto_topup_trigger_below`, [walletId, now]))[0];
   for (const wallet of due) {
+    /** Whether the latch was taken in the funding's transaction (which then commits, but for a failure of the commit itself). */
+    let latched = false;
     try {
       await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], async (tx) => {
         if (!await takeLatch(tx, wallet.id)) throw new TopupNotDue();
+        latched = true;
       }, { memo: AUTO_TOPUP_MEMO });
       topups += 1;
     } catch (error) {
       if (error instanceof TopupNotDue) continue; // another process took it, or the vault moved meanwhile
+      if (latched) {
+        // Recorded, then not seen through (sending or settling it failed): the reconciler settles
+        // it, and a topup that never ran is tried again then (the funding's failure rule).
+        ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup recorded but not seen through; the reconciler settles it');
+        continue;
+      }
       if (error instanceof ServiceError && error.code === 'org_insufficient_balance') {
         // The reserve cannot cover it: said once, with the latch, and not tried again until the balance is back.
         await ctx.db.transaction(async (tx) => {

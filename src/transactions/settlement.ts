@@ -24,6 +24,8 @@ import { formatUsdc } from '../money/money.ts';
 
 /** The memo of a funding made by auto-topup (its `wallet.funded` says `source: auto_topup`). */
 export const AUTO_TOPUP_MEMO = 'auto-topup';
+/** The failure of a transaction the chain never ran and no longer can (past its last valid block height). */
+const EXPIRED = 'Expired';
 
 export type TransactionType =
   | 'payment' | 'funding' | 'withdrawal' | 'a2a_send' | 'a2a_receive' | 'escrow_lock' | 'escrow_release' | 'escrow_refund';
@@ -168,6 +170,12 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
     },
     async failed(tx, _nowMs, row) {
       await creditReserve(tx, row.org_id, row.amount);
+      // An auto-topup that never ran (its process died before sending it, or it was lost) is
+      // tried again at the automation's next tick. One the chain ran and refused keeps its latch:
+      // trying it every second would fail the same way.
+      if (row.memo === AUTO_TOPUP_MEMO && row.failure_reason === EXPIRED) {
+        await tx.query('UPDATE wallets SET topup_fired_at = NULL WHERE id = $1', [row.wallet_id]);
+      }
     },
   },
   withdrawal: {
@@ -440,7 +448,7 @@ export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'c
         settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature, outcome)).length;
       } else if (row.last_valid_block_height !== null && blockHeight > row.last_valid_block_height + EXPIRY_MARGIN_BLOCKS) {
         settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature,
-          { slot: null, err: { name: 'Expired' } })).length;
+          { slot: null, err: { name: EXPIRED } })).length;
       }
     }
   }
