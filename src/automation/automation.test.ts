@@ -10,7 +10,7 @@ import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fix
 import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
 import { encodeBase58 } from '../chain/base58.ts';
-import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction } from '../transactions/settlement.ts';
+import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
 import { largeTransactionAlerts, runWalletAutomation } from './automation.ts';
 
 describe('events, wallet states and automation', () => {
@@ -316,37 +316,57 @@ describe('events, wallet states and automation', () => {
 
   // Guarantee: an auto-topup recorded but never sent (its process died right after recording it)
   // gives its amount back to the reserve once it expires, and the vault is topped up again.
-  test('an auto-topup funding that never ran is settled failed and tried again', async () => {
+  // Guarantee: an auto-topup recorded but never sent (its process died right after recording it)
+  // gives its amount back to the reserve once it expires, and the vault is topped up again —
+  // unless a later topup of the vault holds the latch by then: then nothing more is made.
+  test('an auto-topup funding that never ran is settled failed and tried again, once', async () => {
     const db = t.service.ctx.db;
-    const wallet = await fundedWallet(t, '10');
-    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
-    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
-    const reserveBefore = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance as string;
-    // What the automation writes when it records a topup of 10.00, as a process that died before
-    // sending it left it: the funding pending (a signature the chain never saw, its last valid
-    // block long past), the reserve debited, the latch taken.
-    const [{ org_id: orgId, chain_address: chainAddress }] = await db.query<{ org_id: string; chain_address: string }>(
-      'SELECT org_id, chain_address FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string; chain_address: string }];
-    const recordedMs = t.service.ctx.clock.nowMs() - 60_000;
-    // Past its last valid block height by more than the reconciler's margin, as after the blockhash expired.
-    const expiredHeight = (await t.service.ctx.chain.getBlockHeight()) - EXPIRY_MARGIN_BLOCKS - 1n;
-    await db.transaction(async (tx) => {
-      await insertTransaction(tx, recordedMs, {
-        orgId, walletId: wallet.wallet_id, type: 'funding', amount: 10_000_000n, recipient: chainAddress, memo: AUTO_TOPUP_MEMO,
-        signature: encodeBase58(randomBytes(64)), lastValidBlockHeight: expiredHeight,
+    const reserveMicro = async () => (await db.query<{ reserve_balance: bigint }>(
+      'SELECT reserve_balance FROM organizations WHERE id = (SELECT org_id FROM wallets WHERE id = $1)', [lost.wallet_id]))[0]!.reserve_balance;
+    const fundingsOf = async (walletId: string) => (await db.query<{ status: string; failure_reason: string | null }>(
+      'SELECT status, failure_reason FROM transactions WHERE wallet_id = $1 AND memo = $2 ORDER BY created_at', [walletId, AUTO_TOPUP_MEMO]))
+      .map((row) => [row.status, row.failure_reason]);
+    /**
+     * What the automation writes when it records a topup of 10.00 (the funding pending, the reserve
+     * debited, the latch taken), as a process that died before sending it leaves it: a signature
+     * the chain never saw; `expired`: its last valid block long past, recorded a minute ago.
+     */
+    const recordTopup = async (walletId: string, expired: boolean) => {
+      const [{ org_id: orgId, chain_address: chainAddress }] = await db.query<{ org_id: string; chain_address: string }>(
+        'SELECT org_id, chain_address FROM wallets WHERE id = $1', [walletId]) as [{ org_id: string; chain_address: string }];
+      const height = await t.service.ctx.chain.getBlockHeight();
+      const recordedMs = t.service.ctx.clock.nowMs() - (expired ? 60_000 : 0);
+      await db.transaction(async (tx) => {
+        await insertTransaction(tx, recordedMs, {
+          orgId, walletId, type: 'funding', amount: 10_000_000n, recipient: chainAddress, memo: AUTO_TOPUP_MEMO,
+          signature: encodeBase58(randomBytes(64)), lastValidBlockHeight: expired ? height - EXPIRY_MARGIN_BLOCKS - 1n : height + 1_000n,
+        });
+        await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 10000000 WHERE id = $1', [orgId]);
+        await tx.query(`UPDATE wallets SET auto_topup_enabled = true, auto_topup_trigger_below = 5000000, auto_topup_amount = 10000000,
+          topup_fired_at = $2 WHERE id = $1`, [walletId, new Date(recordedMs)]);
       });
-      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 10000000 WHERE id = $1', [orgId]);
-      await tx.query('UPDATE wallets SET auto_topup_enabled = true, auto_topup_trigger_below = 5000000, auto_topup_amount = 10000000, topup_fired_at = $2 WHERE id = $1',
-        [wallet.wallet_id, new Date(recordedMs)]);
-    });
+    };
+
+    const lost = await fundedWallet(t, '10');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '40' } });
+    assert.equal((await pay(lost.wallet_id, '6')).status, 200);
+    const before = await reserveMicro();
+    await recordTopup(lost.wallet_id, true);
     await t.service.jobs.runOnce(); // the reconciler fails it; the automation, later in the same run, tops up
     await t.service.jobs.runOnce();
-    const fundings = await db.query<{ status: string; failure_reason: string | null }>(
-      `SELECT status, failure_reason FROM transactions WHERE wallet_id = $1 AND memo = $2 ORDER BY created_at`, [wallet.wallet_id, AUTO_TOPUP_MEMO]);
-    assert.deepEqual(fundings.map((row) => [row.status, row.failure_reason]), [['failed', 'Expired'], ['confirmed', null]]);
-    assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
-    const reserveAfter = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance as string;
-    assert.equal(Number(reserveAfter), Number(reserveBefore) - 10, 'the expired topup\'s amount came back; the real one was taken');
+    assert.deepEqual(await fundingsOf(lost.wallet_id), [['failed', 'Expired'], ['confirmed', null]]);
+    assert.equal(await balanceOf(t, lost.wallet_id), '14.00', '4.00 + one topup of 10.00');
+    assert.equal(await reserveMicro(), before - 10_000_000n, 'the expired topup\'s amount came back; the real one was taken');
+
+    // The lost topup's latch was re-armed and taken again by a later topup, still in flight when
+    // the lost one expires: the later one keeps it, and no third topup is made.
+    const later = await fundedWallet(t, '10');
+    assert.equal((await pay(later.wallet_id, '6')).status, 200);
+    await recordTopup(later.wallet_id, true);
+    await recordTopup(later.wallet_id, false);
+    await reconcilePending(t.service.ctx);
+    await runWalletAutomation(t.service.ctx);
+    assert.deepEqual(await fundingsOf(later.wallet_id), [['failed', 'Expired'], ['pending', null]]);
   });
 
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {

@@ -281,7 +281,7 @@ describe('escrow', () => {
     const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
     const other = await openDatabase({ databaseUrl, dataDir: null, schema });
     try {
-      const [first, second] = [await fundedWallet(t, '5'), await fundedWallet(t, '5')].sort((x, y) => (x.wallet_id < y.wallet_id ? -1 : 1)) as [FundedWallet, FundedWallet];
+      const [first, second] = [await fundedWallet(t, '10'), await fundedWallet(t, '10')].sort((x, y) => (x.wallet_id < y.wallet_id ? -1 : 1)) as [FundedWallet, FundedWallet];
       const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
       const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
       const cases = [
@@ -329,6 +329,13 @@ describe('escrow', () => {
         const completed = await beside(name, () => t.request('POST', `/v1/payments/a2a/${escrow.escrow_id}/complete`, { body }));
         assert.equal(completed.status, 'released', name);
       }
+      // A dispute split by the arbiter, the receiver first: the payout writes a row for each vault.
+      const disputed = (await open(second, first.wallet_id)).body;
+      assert.equal((await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/dispute`, { body: { reason: 'half done' } })).status, 200);
+      const arbiter = await t.createKey('arbiter');
+      const split = await beside('resolved by a split, receiver first', () => t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/resolve`,
+        { key: arbiter, body: { decision: 'split', toReceiver: '2', toSender: '2' } }));
+      assert.equal(split.status, 'resolved');
       // An escrow opened by the later vault to the earlier one: its foreign key locks the receiver.
       const opened = await beside('opened, receiver first', () => open(second, first.wallet_id));
       assert.equal(opened.status, 'locked');

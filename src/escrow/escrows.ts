@@ -29,7 +29,7 @@ import {
 import { evaluate, type Violation } from '../payments/policy-engine.ts';
 import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-state.ts';
 import {
-  EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
+  EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
 import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
@@ -307,7 +307,10 @@ export async function completeEscrow(
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
     // The receiving vault's session authority is re-checked under a share lock.
-    await lockEscrowVaults(tx, escrow, proof.proofType === 'signed_attestation' ? 'SHARE' : 'KEY SHARE');
+    await lockEscrowVaults(tx, [
+      { id: escrow.from_wallet_id, strength: 'KEY SHARE' },
+      { id: escrow.to_wallet_id, strength: proof.proofType === 'signed_attestation' ? 'SHARE' : 'KEY SHARE' },
+    ]);
     await recheckProofLocked(tx, nowMs, escrow, proof);
     await tx.query(
       `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
@@ -330,18 +333,21 @@ function assertCompletable(escrow: EscrowRow, nowMs: number): void {
   if (nowMs >= escrow.expires_at.getTime()) throw expired(escrow);
 }
 
+/** A vault an escrow's transaction writes rows for (or reads under the lock), and how strongly it is locked. */
+interface VaultLock { id: string | null; strength: 'SHARE' | 'KEY SHARE' }
+
 /**
- * Locks the escrow's vaults (the sender's, and the receiver's when it is a vault of this
- * service) in id order, as payment batches and fundings lock vaults. The foreign keys of the rows
- * an escrow writes lock them too (FOR KEY SHARE), but in the order the rows are written, which
- * could close a cycle with a batch holding both vaults FOR UPDATE. `SHARE` where a vault's own
- * columns are read under the lock.
+ * Locks the escrow vaults a transaction touches (the sender's; the receiver's when it is a vault
+ * of this service and gets a row) in id order, as payment batches and fundings lock vaults. The
+ * foreign keys of the rows an escrow writes lock them too (FOR KEY SHARE), but in the order the
+ * rows are written, which could close a cycle with a batch holding both vaults FOR UPDATE.
+ * `SHARE` where a vault's own columns are read under the lock.
  */
-async function lockEscrowVaults(
-  tx: Queryable, escrow: Pick<EscrowRow, 'from_wallet_id' | 'to_wallet_id'>, strength: 'SHARE' | 'KEY SHARE',
-): Promise<void> {
-  const ids = [...new Set([escrow.from_wallet_id, escrow.to_wallet_id].filter((id): id is string => id !== null))].sort();
-  await tx.query(`SELECT id FROM wallets WHERE id = ANY($1::text[]) ORDER BY id FOR ${strength}`, [ids]);
+async function lockEscrowVaults(tx: Queryable, locks: readonly VaultLock[]): Promise<void> {
+  const present = locks.filter((lock): lock is VaultLock & { id: string } => lock.id !== null);
+  for (const { id, strength } of present.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))) {
+    await tx.query(`SELECT id FROM wallets WHERE id = $1 FOR ${strength}`, [id]);
+  }
 }
 
 /**
@@ -352,7 +358,10 @@ async function recordPayout(
   tx: Queryable, nowMs: number, escrow: EscrowRow, prepared: { signature: string; lastValidBlockHeight: bigint },
   toReceiver: bigint, toSender: bigint,
 ): Promise<void> {
-  await lockEscrowVaults(tx, escrow, 'KEY SHARE');
+  await lockEscrowVaults(tx, [
+    { id: escrow.from_wallet_id, strength: 'KEY SHARE' },
+    ...(toReceiver > 0n ? [{ id: escrow.to_wallet_id, strength: 'KEY SHARE' as const }] : []),
+  ]);
   const common = { signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId: escrow.id };
   if (toReceiver > 0n) {
     await insertTransaction(tx, nowMs, {
@@ -498,7 +507,7 @@ async function settleDisputes(ctx: Ctx): Promise<number> {
       await settleDispute(ctx.db, ctx.clock.nowMs(), row.id, row.closing_signature, outcome.err?.name ?? null);
       settled += 1;
     } else if (height > row.closing_valid_height + EXPIRY_MARGIN_BLOCKS) {
-      await settleDispute(ctx.db, ctx.clock.nowMs(), row.id, row.closing_signature, 'Expired');
+      await settleDispute(ctx.db, ctx.clock.nowMs(), row.id, row.closing_signature, EXPIRED);
       settled += 1;
     }
   }

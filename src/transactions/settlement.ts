@@ -25,7 +25,7 @@ import { formatUsdc } from '../money/money.ts';
 /** The memo of a funding made by auto-topup (its `wallet.funded` says `source: auto_topup`). */
 export const AUTO_TOPUP_MEMO = 'auto-topup';
 /** The failure of a transaction the chain never ran and no longer can (past its last valid block height). */
-const EXPIRED = 'Expired';
+export const EXPIRED = 'Expired';
 
 export type TransactionType =
   | 'payment' | 'funding' | 'withdrawal' | 'a2a_send' | 'a2a_receive' | 'escrow_lock' | 'escrow_release' | 'escrow_refund';
@@ -172,9 +172,15 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
       await creditReserve(tx, row.org_id, row.amount);
       // An auto-topup that never ran (its process died before sending it, or it was lost) is
       // tried again at the automation's next tick. One the chain ran and refused keeps its latch:
-      // trying it every second would fail the same way.
+      // trying it every second would fail the same way. So does a vault topped up since (its
+      // latch re-armed and taken again while this one waited to expire): the latch is the later
+      // topup's now.
       if (row.memo === AUTO_TOPUP_MEMO && row.failure_reason === EXPIRED) {
-        await tx.query('UPDATE wallets SET topup_fired_at = NULL WHERE id = $1', [row.wallet_id]);
+        await tx.query(
+          `UPDATE wallets SET topup_fired_at = NULL WHERE id = $1 AND NOT EXISTS (
+             SELECT 1 FROM transactions o WHERE o.wallet_id = $1 AND o.type = 'funding' AND o.memo = $3 AND o.id <> $2
+               AND (o.status = 'pending' OR (o.status = 'confirmed' AND o.created_at >= $4)))`,
+          [row.wallet_id, row.id, AUTO_TOPUP_MEMO, row.created_at]);
       }
     },
   },
