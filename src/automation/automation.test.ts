@@ -7,8 +7,7 @@ import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
-import { queuedBehind } from '../../test/locks.ts';
-import { openDatabase } from '../db/database.ts';
+import { holdLocks, queuedBehind, secondConnection, type HeldLocks } from '../../test/locks.ts';
 import { encodeBase58 } from '../chain/base58.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
 import { largeTransactionAlerts, runWalletAutomation } from './automation.ts';
@@ -268,48 +267,34 @@ describe('events, wallet states and automation', () => {
   // half way (its funding waits for the reserve's lock, which the test holds); at that moment the
   // vault must not be marked as topped up, or a process killed then would never top it up.
   test('an auto-topup held half way has not taken its latch: a kill there loses no topup', async (context) => {
-    const databaseUrl = process.env.DATABASE_URL;
-    if (!databaseUrl) {
-      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
-      return;
-    }
+    const other = await secondConnection(t, context);
+    if (!other) return;
     const db = t.service.ctx.db;
-    const wallet = await fundedWallet(t, '10');
-    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
-    assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
-      { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } })).status, 200);
-    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
-    const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
-    const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
-    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
-    let release = () => {};
-    const released = new Promise<void>((resolve) => { release = resolve; });
-    let holder: Promise<void> | undefined;
+    let held: HeldLocks | undefined;
     try {
-      let locked!: (pid: number) => void;
-      const isLocked = new Promise<number>((resolve) => { locked = resolve; });
-      holder = other.transaction(async (tx) => {
-        // As the funding takes it (lockReserve).
-        await tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
-        locked((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
-        await released;
-      });
-      const holderPid = await isLocked;
+      const wallet = await fundedWallet(t, '10');
+      await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+      assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+        { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } })).status, 200);
+      assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+      const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
+      // As the funding takes it (lockReserve).
+      held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
       const automation = runWalletAutomation(t.service.ctx);
-      await queuedBehind(db, holderPid, 1); // the topup's funding waits for the reserve
+      await queuedBehind(db, held.pid, 1); // the topup's funding waits for the reserve
       const [state] = await db.query<{ latched: boolean; fundings: number }>(
         `SELECT topup_fired_at IS NOT NULL AS latched,
            (SELECT count(*)::int FROM transactions WHERE wallet_id = $1 AND type = 'funding' AND memo = 'auto-topup') AS fundings
          FROM wallets WHERE id = $1`, [wallet.wallet_id]);
       assert.deepEqual({ ...state }, { latched: false, fundings: 0 }, 'nothing of the topup is written until its funding is');
-      release();
-      await holder;
+      held.release();
+      await held.done;
       assert.deepEqual(await automation, { topups: 1, lowBalance: 0 });
       await runWalletAutomation(t.service.ctx);
       assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     } finally {
-      release();
-      await holder?.catch(() => {});
+      held?.release();
+      await held?.done.catch(() => {});
       await other.close();
     }
   });

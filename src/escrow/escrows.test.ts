@@ -11,8 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
-import { queuedBehind } from '../../test/locks.ts';
-import { openDatabase } from '../db/database.ts';
+import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { signWithSessionToken } from '../wallets/session-token.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
@@ -205,37 +204,21 @@ describe('escrow', () => {
   // proofs they signed at once, even one already checked by a completion still on its way to
   // recording the release.
   test('a credential taken back while a completion it signed is in flight: the escrow is not released', async (context) => {
-    const databaseUrl = process.env.DATABASE_URL;
-    if (!databaseUrl) {
-      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
-      return;
-    }
-    const db = t.service.ctx.db;
-    const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
-    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
+    const other = await secondConnection(t, context);
+    if (!other) return;
     /** Completes with `body` while the escrow's row is held (after the proof's check, before the release), calling `takeBack` meanwhile. */
     const completeWhileHeld = async (escrowId: string, body: Record<string, unknown>, takeBack: () => Promise<void>) => {
-      let release = () => {};
-      const released = new Promise<void>((resolve) => { release = resolve; });
-      let holder: Promise<void> | undefined;
+      const held = await holdLocks(other, (tx) => tx.query('SELECT id FROM escrows WHERE id = $1 FOR UPDATE', [escrowId]));
       try {
-        let locked!: (pid: number) => void;
-        const isLocked = new Promise<number>((resolve) => { locked = resolve; });
-        holder = other.transaction(async (tx) => {
-          await tx.query('SELECT id FROM escrows WHERE id = $1 FOR UPDATE', [escrowId]);
-          locked((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
-          await released;
-        });
-        const holderPid = await isLocked;
         const completing = t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, { body });
-        await queuedBehind(db, holderPid, 1); // the completion's proof was checked; its release waits for the escrow
+        await queuedBehind(t.service.ctx.db, held.pid, 1); // the completion's proof was checked; its release waits for the escrow
         await takeBack();
-        release();
-        await holder;
+        held.release();
+        await held.done;
         return await completing;
       } finally {
-        release();
-        await holder?.catch(() => {});
+        held.release();
+        await held.done.catch(() => {});
       }
     };
     try {
@@ -272,14 +255,8 @@ describe('escrow', () => {
   // Guarantee: a completion never deadlocks with a payment batch (or a funding) that locks the
   // same two vaults, whichever of them comes first in id order.
   test('a completion and a batch locking both its vaults in id order do not deadlock', async (context) => {
-    const databaseUrl = process.env.DATABASE_URL;
-    if (!databaseUrl) {
-      context.skip('needs DATABASE_URL (PGlite has a single connection: no transaction can stay open beside another)');
-      return;
-    }
-    const db = t.service.ctx.db;
-    const [{ schema }] = await db.query<{ schema: string }>('SELECT current_schema() AS schema') as [{ schema: string }];
-    const other = await openDatabase({ databaseUrl, dataDir: null, schema });
+    const other = await secondConnection(t, context);
+    if (!other) return;
     try {
       const [first, second] = [await fundedWallet(t, '10'), await fundedWallet(t, '10')].sort((x, y) => (x.wallet_id < y.wallet_id ? -1 : 1)) as [FundedWallet, FundedWallet];
       const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
@@ -296,30 +273,21 @@ describe('escrow', () => {
       ];
       /** `request` while a payment batch of both vaults holds the first in id order, then (once it waits) takes the second too. */
       const beside = async (name: string, request: () => ReturnType<typeof t.request>): Promise<any> => {
-        let proceed = () => {};
-        const mayProceed = new Promise<void>((resolve) => { proceed = resolve; });
-        let locked!: (pid: number) => void;
-        const isLocked = new Promise<number>((resolve) => { locked = resolve; });
-        const batch = other.transaction(async (tx) => {
-          await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [first.wallet_id]);
-          locked((await tx.query<{ pid: number }>('SELECT pg_backend_pid() AS pid'))[0]!.pid);
-          await mayProceed;
-          await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [second.wallet_id]);
-        });
+        const batch = await holdLocks(other, (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [first.wallet_id]),
+          (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [second.wallet_id]));
         try {
-          const holderPid = await isLocked;
           const requesting = request();
-          await queuedBehind(db, holderPid, 1);
-          proceed();
-          const [batchOutcome, answered] = await Promise.allSettled([batch, requesting]);
+          await queuedBehind(t.service.ctx.db, batch.pid, 1);
+          batch.release();
+          const [batchOutcome, answered] = await Promise.allSettled([batch.done, requesting]);
           assert.equal(batchOutcome.status === 'rejected' ? String(batchOutcome.reason) : 'ok', 'ok', name);
           assert.equal(answered.status, 'fulfilled', name);
           const response = (answered as PromiseFulfilledResult<Awaited<typeof requesting>>).value;
           assert.equal(response.status, 200, `${name}: ${JSON.stringify(response.body)}`);
           return response.body;
         } finally {
-          proceed();
-          await batch.catch(() => {});
+          batch.release();
+          await batch.done.catch(() => {});
         }
       };
       for (const { name, from, to, proofOf, extra } of cases) {
