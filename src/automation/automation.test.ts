@@ -300,8 +300,6 @@ describe('events, wallet states and automation', () => {
   });
 
   // Guarantee: an auto-topup recorded but never sent (its process died right after recording it)
-  // gives its amount back to the reserve once it expires, and the vault is topped up again.
-  // Guarantee: an auto-topup recorded but never sent (its process died right after recording it)
   // gives its amount back to the reserve once it expires, and the vault is topped up again —
   // unless a later topup of the vault holds the latch by then: then nothing more is made.
   test('an auto-topup funding that never ran is settled failed and tried again, once', async () => {

@@ -306,11 +306,11 @@ export async function completeEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
-    // The receiving vault's session authority is re-checked under a share lock.
-    await lockEscrowVaults(tx, [
-      { id: escrow.from_wallet_id, strength: 'KEY SHARE' },
-      { id: escrow.to_wallet_id, strength: proof.proofType === 'signed_attestation' ? 'SHARE' : 'KEY SHARE' },
-    ]);
+    // An attestation's receiving vault is read under a share lock, so its vaults are locked (in
+    // id order) before that read; otherwise recordPayout locks them.
+    if (proof.proofType === 'signed_attestation') {
+      await lockEscrowVaults(tx, [{ id: escrow.from_wallet_id, strength: 'KEY SHARE' }, { id: escrow.to_wallet_id, strength: 'SHARE' }]);
+    }
     await recheckProofLocked(tx, nowMs, escrow, proof);
     await tx.query(
       `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
