@@ -134,6 +134,40 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  // Guarantee: an escrow never opens to a vault archived while the escrow was being opened (its
+  // refund could go back, but its release would be stranded in a vault that answers only reads).
+  test('a receiving vault archived while an escrow to it waits for the payer\'s lock: the escrow is refused', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const from = await fundedWallet(t, '10');
+      const to = await fundedWallet(t, '1');
+      assert.ok(from.wallet_id < to.wallet_id, 'the receiving vault comes after the payer in id order: it is locked second');
+      assert.equal((await t.request('POST', `/v1/wallets/${to.wallet_id}/withdraw`, { body: { amount: 'all' } })).status, 200);
+      const payer = await holdLocks(other, (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [from.wallet_id]));
+      let opening: ReturnType<typeof open> | undefined;
+      try {
+        opening = open(from, to.wallet_id);
+        await queuedBehind(t.service.ctx.db, payer.pid, 1);
+        const archived = await t.request('DELETE', `/v1/wallets/${to.wallet_id}`);
+        assert.equal(archived.status, 200, JSON.stringify(archived.body));
+      } finally {
+        payer.release();
+        await payer.done;
+      }
+      const refused = await opening!;
+      assert.equal(refused.status, 422, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'wallet_archived');
+      const [{ n }] = await t.service.ctx.db.query<{ n: number }>(
+        'SELECT count(*)::int AS n FROM escrows WHERE to_wallet_id = $1', [to.wallet_id]) as [{ n: number }];
+      assert.equal(n, 0, 'no escrow to the archived vault');
+      assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'nothing locked');
+      await assertConserved();
+    } finally {
+      await other.close();
+    }
+  });
+
   test('forged or unverifiable proofs are invalid_proof and change nothing', async () => {
     const from = await fundedWallet(t, '20');
     const to = await fundedWallet(t, '0.5');

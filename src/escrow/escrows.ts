@@ -137,9 +137,10 @@ function busy(row: EscrowRow): ServiceError {
 }
 
 /** The receiver as the request names it: a vault id of the organisation, or any chain address. */
-async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): Promise<{
-  address: string; walletId: string | null; orgId: string | null;
-}> {
+/** Where an escrow pays: a chain address, and the vault of the service it belongs to, if any. */
+interface Receiver { address: string; walletId: string | null; orgId: string | null }
+
+async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): Promise<Receiver> {
   if (toWallet.startsWith('wal_')) {
     const [wallet] = await q.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, toWallet]);
     if (!wallet) throw walletNotFound(toWallet);
@@ -155,8 +156,24 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
   // A vault of this service, of any organisation, is credited as a vault; anything else is paid as an address.
   const [vault] = await q.query<{ id: string; org_id: string; status: string }>(
     'SELECT id, org_id, status FROM wallets WHERE chain_address = $1', [receiver]);
-  if (vault?.status === 'archived') throw new ServiceError('wallet_archived', `The receiving vault ${receiver} is archived.`, { param: 'to_wallet' });
+  if (vault?.status === 'archived') throw receiverArchived(receiver);
   return { address: receiver, walletId: vault?.id ?? null, orgId: vault?.org_id ?? null };
+}
+
+/** A receiving vault archived, named by its address (it may be another organisation's). */
+function receiverArchived(receiverAddress: string): ServiceError {
+  return new ServiceError('wallet_archived', `The receiving vault ${receiverAddress} is archived.`, { param: 'to_wallet' });
+}
+
+/**
+ * The receiving vault, when it is one of the service's, locked against archiving (its row's key
+ * share, which its foreign key would take anyway) and checked again under that lock: archived
+ * since `resolveReceiver` read it, it could not take a release.
+ */
+async function assertReceiverOpen(tx: Queryable, receiver: Receiver): Promise<void> {
+  if (receiver.walletId === null) return;
+  const [vault] = await tx.query<{ status: string }>('SELECT status FROM wallets WHERE id = $1 FOR KEY SHARE', [receiver.walletId]);
+  if (vault?.status === 'archived') throw receiverArchived(receiver.address);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -220,10 +237,10 @@ export async function createEscrow(
       const recordedMs = ctx.clock.nowMs();
       // Vaults in id order (lockEscrowVaults): a receiving vault ahead of the payer is locked
       // first, as the escrow's foreign key would lock it after.
-      if (receiver.walletId !== null && receiver.walletId < input.fromWallet) {
-        await tx.query('SELECT id FROM wallets WHERE id = $1 FOR KEY SHARE', [receiver.walletId]);
-      }
+      const receiverFirst = receiver.walletId !== null && receiver.walletId < input.fromWallet;
+      if (receiverFirst) await assertReceiverOpen(tx, receiver);
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
+      if (!receiverFirst) await assertReceiverOpen(tx, receiver);
       assertNotArchived(wallet);
       if (wallet.status === 'frozen') throw frozenError(wallet);
       if (wallet.policy_id !== unlocked.policy_id) return null;
