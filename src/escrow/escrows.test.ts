@@ -536,7 +536,13 @@ describe('escrow', () => {
     assert.equal(record.body.status, 'blocked');
     assert.equal(await balanceOf(t, from.wallet_id), '10.00');
     assert.equal((await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`)).body.data.length, 0);
+    // An account of the service that is not a vault (a reserve, a token account) would take the
+    // release where nothing can move it on.
+    const reserve = (await t.request('GET', '/v1/organization')).body.reserve;
     const errors: Array<[Record<string, unknown>, number, string]> = [
+      [{ toWallet: reserve.chain_address }, 400, 'invalid_recipient'],
+      [{ toWallet: reserve.token_account }, 400, 'invalid_recipient'],
+      [{ toWallet: to.token_account }, 400, 'invalid_recipient'],
       [{ amount: '0' }, 400, 'invalid_amount'],
       [{ amount: 10 }, 400, 'invalid_amount'],
       [{ currency: 'EUR' }, 400, 'invalid_currency'],

@@ -31,6 +31,7 @@ import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-s
 import {
   EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
+import { serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
 import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
 import { recheckProofLocked, sha256Of, verifyProof, type ProofInput } from './proofs.ts';
@@ -153,11 +154,19 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
   } catch {
     throw new ServiceError('invalid_recipient', 'toWallet is a wallet id of your organisation or a chain address.', { param: 'to_wallet' });
   }
-  // A vault of this service, of any organisation, is credited as a vault; anything else is paid as an address.
-  const [vault] = await q.query<{ id: string; org_id: string; status: string }>(
-    'SELECT id, org_id, status FROM wallets WHERE chain_address = $1', [receiver]);
-  if (vault?.status === 'archived') throw receiverArchived(receiver);
-  return { address: receiver, walletId: vault?.id ?? null, orgId: vault?.org_id ?? null };
+  // A vault of this service, of any organisation, is credited as a vault; any other account of
+  // the service is refused (a release there would sit where nothing moves it on); anything else
+  // is paid as an address.
+  const [found] = await q.query<{ id: string | null; org_id: string | null; status: string | null; service_account: boolean }>(
+    `SELECT v.id, v.org_id, v.status, ${serviceAccountSql('k.address')} AS service_account
+     FROM (SELECT $1::text AS address) k LEFT JOIN wallets v ON v.chain_address = k.address`, [receiver]);
+  if (found?.id === null && found.service_account) {
+    throw new ServiceError('invalid_recipient',
+      `${receiver} is an account of this service that is not a vault (a reserve, a policy or an escrow, or a token account): `
+        + 'an escrow pays a vault or an address outside the service.', { param: 'to_wallet' });
+  }
+  if (found?.status === 'archived') throw receiverArchived(receiver);
+  return { address: receiver, walletId: found?.id ?? null, orgId: found?.org_id ?? null };
 }
 
 /** A receiving vault archived, named by its address (it may be another organisation's). */

@@ -182,9 +182,25 @@ describe('payments', () => {
     const otherVault = (await t.request('GET', `/v1/wallets/${frozen.wallet_id}`)).body.chain_address as string;
     const vaultDomain = `${unique('vault')}.example`;
     assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: vaultDomain, address: otherVault } })).status, 200);
+    // So are their token accounts, a policy's account and an escrow's two: paid, the money would
+    // sit where no index sees it and nothing can move it.
+    const reserveToken = (await t.request('GET', '/v1/organization')).body.reserve.token_account as string;
+    const policyAccount = (await t.request('GET', '/v1/policies/pol_permissive')).body.chain_address as string;
+    const escrowPayer = await fundedWallet(t, '1');
+    const escrow = await t.request('POST', '/v1/payments/a2a', {
+      body: { fromWallet: escrowPayer.wallet_id, toWallet: await newRecipient(), amount: '1', currency: 'USDC', taskDescription: 'a task' },
+    });
+    assert.equal(escrow.status, 200, JSON.stringify(escrow.body));
+    const [{ token_address: escrowToken }] = await t.service.ctx.db.query<{ token_address: string }>(
+      'SELECT token_address FROM escrows WHERE id = $1', [escrow.body.escrow_id]) as [{ token_address: string }];
     const cases: Array<[string, Record<string, unknown>, number, string]> = [
       [wallet.wallet_id, { to: otherVault }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { to: reserve }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: frozen.token_account }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: reserveToken }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: policyAccount }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: escrow.body.chain_address }, 400, 'invalid_recipient'],
+      [wallet.wallet_id, { to: escrowToken }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { to: vaultDomain }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { amount: '0' }, 400, 'invalid_amount'],
       [wallet.wallet_id, { amount: '-1' }, 400, 'invalid_amount'],

@@ -242,14 +242,21 @@ export const recipientEntrySql = (k: string): string =>
    ORDER BY e.category IS NULL, e.created_at, e.id LIMIT 1`;
 
 /**
- * Whether `address` (an SQL expression) is one of this service's own accounts: a vault or an
- * organisation's reserve, of any organisation. A payment there would be credited on chain and
- * in no index, so it is refused: agents pay each other through escrow, and money moves between
- * a reserve and its vaults by funding and withdrawal.
+ * Whether `address` (an SQL expression) is one of this service's own accounts, of any
+ * organisation: a vault, a reserve, a policy or an escrow account, or the token account of a
+ * vault, a reserve or an escrow. A payment there would be credited on chain and in no index (a
+ * token account's, to a token account the program opens for it, which nothing can spend), so it
+ * is refused: agents pay each other through escrow, and money moves between a reserve and its
+ * vaults by funding and withdrawal. Each column has an index (migrations 0019, 0021).
  */
 export const serviceAccountSql = (address: string): string =>
   `(EXISTS (SELECT 1 FROM wallets sw WHERE sw.chain_address = ${address})
-    OR EXISTS (SELECT 1 FROM organizations so WHERE so.reserve_address = ${address}))`;
+    OR EXISTS (SELECT 1 FROM wallets sw WHERE sw.token_address = ${address})
+    OR EXISTS (SELECT 1 FROM organizations so WHERE so.reserve_address = ${address})
+    OR EXISTS (SELECT 1 FROM organizations so WHERE so.reserve_token_address = ${address})
+    OR EXISTS (SELECT 1 FROM policies sp WHERE sp.chain_address = ${address})
+    OR EXISTS (SELECT 1 FROM escrows se WHERE se.chain_address = ${address})
+    OR EXISTS (SELECT 1 FROM escrows se WHERE se.token_address = ${address}))`;
 
 /**
  * What a payment's `to` means for the organisation, given its directory entry: the address to
@@ -264,7 +271,7 @@ export function resolvedRecipient(
   const resolved = resolvedTarget(to, target, entry, requestCategory);
   if (serviceAccount) {
     throw new ServiceError('invalid_recipient',
-      `${resolved.address} is an account of this service (a vault or an organisation's reserve): pay another agent through `
+      `${resolved.address} is an account of this service (a vault, a reserve, a policy or an escrow, or a token account of one): pay another agent through `
         + 'escrow (POST /v1/payments/a2a), and move money between a reserve and its vaults with fund and withdraw.', { param: 'to' });
   }
   return resolved;
