@@ -13,7 +13,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
-import { signWithSessionToken } from '../wallets/session-token.ts';
+import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
 
 const OUTPUT = 'the finished report\n';
@@ -161,6 +161,38 @@ describe('escrow', () => {
       const [{ n }] = await t.service.ctx.db.query<{ n: number }>(
         'SELECT count(*)::int AS n FROM escrows WHERE to_wallet_id = $1', [to.wallet_id]) as [{ n: number }];
       assert.equal(n, 0, 'no escrow to the archived vault');
+      assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'nothing locked');
+      await assertConserved();
+    } finally {
+      await other.close();
+    }
+  });
+
+  test('a session token rotated while its escrow waits for the vault\'s lock: the escrow is refused, nothing locked', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const from = await fundedWallet(t, '10');
+      const to = await fundedWallet(t, '1');
+      const agentKey = await t.createKey('agent');
+      const token = (await t.request('POST', `/v1/wallets/${from.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+      // The rotation's own statement, held uncommitted: the request's read still sees the old key.
+      const rotation = await holdLocks(other, (tx) => tx.query(
+        'UPDATE wallets SET session_public_key = $2 WHERE id = $1', [from.wallet_id, newSessionAuthority().publicKey]));
+      let opening: Promise<{ status: number; body: any }> | undefined;
+      try {
+        opening = t.request('POST', '/v1/payments/a2a', {
+          key: agentKey, headers: { 'session-token': token },
+          body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '4', currency: 'USDC', taskDescription: 'a task' },
+        });
+        await queuedBehind(t.service.ctx.db, rotation.pid, 1);
+      } finally {
+        rotation.release();
+        await rotation.done;
+      }
+      const refused = await opening!;
+      assert.equal(refused.status, 403, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'session_token_invalid');
       assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'nothing locked');
       await assertConserved();
     } finally {

@@ -33,7 +33,9 @@ import {
 } from '../transactions/settlement.ts';
 import { serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
-import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
+import {
+  assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
+} from '../wallets/wallets.ts';
 import { recheckProofLocked, sha256Of, verifyProof, type ProofInput } from './proofs.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
@@ -214,7 +216,12 @@ const SIGN_ATTEMPTS_MAX = 5;
  * payment rule 8): debited at once, on chain within a slot.
  */
 export async function createEscrow(
-  ctx: Ctx, orgId: string, input: CreateEscrowInput, options: { wait: boolean; mark?: RecordMarker },
+  ctx: Ctx, orgId: string, input: CreateEscrowInput,
+  options: {
+    wait: boolean; mark?: RecordMarker;
+    /** an `agent` key's escrow: the session public key its token matched, checked again under the vault's lock */
+    sessionKey?: string | null;
+  },
 ): Promise<EscrowOutcome> {
   const receiver = await resolveReceiver(ctx.db, orgId, input.toWallet);
   if (input.verifierId !== null) await assertVerifierUsable(ctx.db, orgId, input.verifierId);
@@ -250,6 +257,12 @@ export async function createEscrow(
       if (receiverFirst) await assertReceiverOpen(tx, receiver);
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
       if (!receiverFirst) await assertReceiverOpen(tx, receiver);
+      if (options.sessionKey != null) {
+        // A rotation revokes the token presented with its commit, also for an escrow being recorded.
+        if (wallet.session_public_key !== options.sessionKey) throw sessionTokenInvalid();
+        const expired = sessionExpiredError(wallet, recordedMs);
+        if (expired) throw expired;
+      }
       assertNotArchived(wallet);
       if (wallet.status === 'frozen') throw frozenError(wallet);
       if (wallet.policy_id !== unlocked.policy_id) return null;

@@ -177,7 +177,9 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       recover: async (id) => (id.startsWith('esc_')
         ? { status: 200, body: escrowView(await getEscrow(ctx.db, principal.orgId, id)) }
         : answer(principal.orgId, { escrow: null, sendTxId: id })),
-    }, async (mark) => answer(principal.orgId, await createEscrow(ctx, principal.orgId, input, { wait: body.waitForConfirmation ?? true, mark })));
+    }, async (mark) => answer(principal.orgId, await createEscrow(ctx, principal.orgId, input, {
+      wait: body.waitForConfirmation ?? true, mark, sessionKey: principal.role === 'agent' ? from.session_public_key : null,
+    })));
     return sendIdempotent(reply, result);
   });
 

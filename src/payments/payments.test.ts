@@ -7,7 +7,9 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
+import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
+import { newSessionAuthority } from '../wallets/session-token.ts';
 import { requestHash } from '../http/idempotency.ts';
 import { spendWindowsAt } from './spend-state.ts';
 
@@ -470,6 +472,40 @@ describe('payments', () => {
     const viewer = await t.createKey('viewer');
     assert.equal((await t.request('POST', '/v1/payments', { key: viewer, body })).status, 403);
     assert.equal(await balanceOf(t, wallet.wallet_id), '2.00');
+  });
+
+  // Guarantee: a rotation revokes the previous token with its commit, also for a payment that
+  // presented it and is being recorded (docs/wallets.md).
+  test('a session token rotated while its payment waits for the vault\'s lock: the payment is refused, nothing recorded', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const wallet = await fundedWallet(t, '3');
+      const agentKey = await t.createKey('agent');
+      const token = (await t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { body: { ttlSeconds: 600 } })).body.session_token;
+      // The rotation's own statement, held uncommitted: the payment's read still sees the old key,
+      // and its recording waits for the vault's row.
+      const rotation = await holdLocks(other, (tx) => tx.query(
+        'UPDATE wallets SET session_public_key = $2 WHERE id = $1', [wallet.wallet_id, newSessionAuthority().publicKey]));
+      let paying: Promise<{ status: number; body: any }> | undefined;
+      try {
+        paying = t.request('POST', '/v1/payments', {
+          key: agentKey, headers: { 'session-token': token },
+          body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+        });
+        await queuedBehind(t.service.ctx.db, rotation.pid, 1);
+      } finally {
+        rotation.release();
+        await rotation.done;
+      }
+      const refused = await paying!;
+      assert.equal(refused.status, 403, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'session_token_invalid');
+      assert.equal(await balanceOf(t, wallet.wallet_id), '3.00');
+      assert.equal(await countRows(t, wallet.wallet_id), 0);
+    } finally {
+      await other.close();
+    }
   });
 
   test('the preflight check answers without recording anything', async () => {

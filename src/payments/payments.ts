@@ -34,7 +34,8 @@ import {
   awaitConfirmation, awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
 import {
-  WALLET_SELECT, archivedError, assertNotArchived, lockWallet, walletNotFound, type WalletRow, type WalletWithPolicy,
+  WALLET_SELECT, archivedError, assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
+  type WalletWithPolicy,
 } from '../wallets/wallets.ts';
 import { evaluate, type Violation } from './policy-engine.ts';
 import {
@@ -177,7 +178,11 @@ const SIGN_ATTEMPTS_MAX = 5;
  */
 export async function pay(
   ctx: Ctx, orgId: string, input: PaymentInput,
-  options: { wait: boolean; mark?: RecordMarker; wallet?: WalletRow; recipient?: () => ResolvedRecipient; keyId?: string },
+  options: {
+    wait: boolean; mark?: RecordMarker; wallet?: WalletRow; recipient?: () => ResolvedRecipient; keyId?: string;
+    /** an `agent` key's payment: the session public key its token matched when the request was read */
+    sessionKey?: string | null;
+  },
 ): Promise<PaymentOutcome> {
   const recipient = options.recipient?.() ?? await resolveRecipient(ctx.db, orgId, input.to, input.category);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
@@ -196,7 +201,7 @@ export async function pay(
     const prepared = await ctx.chain.prepare(await payInstructions(ctx, unlocked, txId, recipient.address, input.amount, attestation));
     const decided = await recorderOf(ctx).submit({
       orgId, input, recipient, signedForPolicy: unlocked.policy_id, txId, attestation, prepared, mark: options.mark,
-      keyId: options.keyId ?? null,
+      keyId: options.keyId ?? null, sessionKey: options.sessionKey ?? null,
     });
     if (decided.kind === 'resign') continue; // signed for another policy account: sign again
     if (decided.kind === 'blocked') return { row: decided.row, violation: decided.violation };
@@ -291,6 +296,11 @@ interface PaymentToRecord {
   mark: RecordMarker | undefined;
   /** the API key paying; checked live in the recording transaction (its lookup may be cached) */
   keyId: string | null;
+  /**
+   * an `agent` key's payment: the vault's session public key its token matched when read,
+   * checked again (and its expiry) under the vault's lock: a rotation revokes with its commit
+   */
+  sessionKey: string | null;
 }
 
 type Decided =
@@ -352,8 +362,9 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       // The vault first, as the request's read before signing answered it.
       const refusal = !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
         : item.keyId !== null && !liveKeys.has(item.keyId) ? invalidKeyError()
-        : wallet.status === 'archived' ? archivedError(wallet)
-          : wallet.status === 'frozen' ? frozenError(wallet) : null;
+        : item.sessionKey !== null && wallet.session_public_key !== item.sessionKey ? sessionTokenInvalid()
+        : item.sessionKey !== null ? sessionExpiredError(wallet, nowMs) ?? stateRefusal(wallet)
+        : stateRefusal(wallet);
       if (refusal || !wallet) {
         outcomes.push({ ok: false, error: refusal });
         continue;
@@ -405,6 +416,11 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       ? { ok: true as const, value: { kind: 'recorded' as const, row: rows[outcome.recorded]!, awaiting: outcome.awaiting } }
       : outcome));
   });
+}
+
+/** Why a vault cannot pay at all: archived or frozen; null when it can. */
+function stateRefusal(wallet: WalletRow): ServiceError | null {
+  return wallet.status === 'archived' ? archivedError(wallet) : wallet.status === 'frozen' ? frozenError(wallet) : null;
 }
 
 function walletIdsOf(items: readonly PaymentToRecord[]): string[] {

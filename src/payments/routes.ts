@@ -105,6 +105,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       recover: async (txId) => answer(outcomeOf((await settleKnownOutcomes(ctx, [await getTransaction(ctx.db, principal.orgId, txId)]))[0]!)),
     }, async (mark) => answer(await pay(ctx, principal.orgId, input, {
       wait: body.waitForConfirmation ?? true, mark, wallet, recipient, keyId: principal.keyId,
+      sessionKey: principal.role === 'agent' ? wallet.session_public_key : null,
     })));
   };
 

@@ -229,12 +229,19 @@ async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string,
  */
 export function assertVaultAccess(principal: Principal, wallet: WalletRow, sessionToken: string | undefined, nowMs: number): void {
   if (principal.role !== 'agent') return;
-  if (!sessionToken || !tokenMatches(sessionToken, wallet.session_public_key)) {
-    throw new ServiceError('session_token_invalid', 'Send this wallet\'s session token in the Session-Token header.');
-  }
-  if (!wallet.session_expires_at || wallet.session_expires_at.getTime() <= nowMs) {
-    throw new ServiceError('session_token_expired', 'This wallet\'s session token has expired: rotate it.');
-  }
+  if (!sessionToken || !tokenMatches(sessionToken, wallet.session_public_key)) throw sessionTokenInvalid();
+  const expired = sessionExpiredError(wallet, nowMs);
+  if (expired) throw expired;
+}
+
+export function sessionTokenInvalid(): ServiceError {
+  return new ServiceError('session_token_invalid', 'Send this wallet\'s session token in the Session-Token header.');
+}
+
+/** `session_token_expired` when the vault's session authority has expired at `nowMs`, else null. */
+export function sessionExpiredError(wallet: Pick<WalletRow, 'session_expires_at'>, nowMs: number): ServiceError | null {
+  if (wallet.session_expires_at && wallet.session_expires_at.getTime() > nowMs) return null;
+  return new ServiceError('session_token_expired', 'This wallet\'s session token has expired: rotate it.');
 }
 
 // ---------------------------------------------------------------------------------------------
