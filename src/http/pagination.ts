@@ -39,10 +39,14 @@ export function parsePageRequest(query: { limit?: string; cursor?: string }): Pa
   return { limit, after: query.cursor === undefined ? null : decodeCursor(query.cursor) };
 }
 
+/** The last millisecond a JavaScript Date can hold (ECMA-262: ±10^8 days from 1970). */
+const DATE_MS_MAX = 8.64e15;
+
 function decodeCursor(cursor: string): { createdAt: Date; id: string } {
   try {
     const [ms, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as [unknown, unknown];
-    if (typeof ms === 'number' && Number.isSafeInteger(ms) && typeof id === 'string' && id.length <= 64) {
+    // An instant every row's created_at can be: from 1970 to the last a JavaScript Date holds.
+    if (typeof ms === 'number' && Number.isSafeInteger(ms) && ms >= 0 && ms <= DATE_MS_MAX && typeof id === 'string' && id.length <= 64) {
       return { createdAt: new Date(ms), id };
     }
   } catch {

@@ -297,6 +297,9 @@ describe('transaction index', () => {
       ['limit=101', 'limit'], ['limit=0', 'limit'], ['limit=ten', 'limit'], ['cursor=garbage', 'cursor'],
       ['sort=asc', 'sort'], [`walletId=${walletA.wallet_id}&wallet_id=${walletA.wallet_id}`, 'wallet_id'],
       [`recipient=${'x'.repeat(257)}`, 'recipient'], ['status=blocked&status=failed', 'status'],
+      // Well-formed cursors whose instant no timestamp holds (a date past JavaScript's, one before PostgreSQL's).
+      ...[9_007_199_254_740_991, -8_640_000_000_000_000].map((ms): [string, string] =>
+        [`cursor=${Buffer.from(JSON.stringify([ms, 'tx_x'])).toString('base64url')}`, 'cursor']),
     ];
     for (const [query, param] of cases) {
       const response = await t.request('GET', `/v1/transactions?${query}`);
