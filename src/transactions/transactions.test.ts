@@ -166,9 +166,12 @@ describe('transaction index', () => {
     assert.equal(explorerClusterQuery('https://api.testnet.solana.com', false), '?cluster=testnet');
     assert.equal(explorerClusterQuery('https://api.mainnet-beta.solana.com', false), '');
     assert.equal(explorerClusterQuery('http://127.0.0.1:8899', false), LOCAL_CLUSTER);
-    const custom = explorerClusterQuery('https://user:pass@rpc.example.com/v1?token=secret#x', false);
-    assert.equal(custom, `?cluster=custom&customUrl=${encodeURIComponent('https://rpc.example.com/v1')}`);
+    const custom = explorerClusterQuery('https://user:pass@rpc.example.com:8443/v1?token=secret#x', false);
+    assert.equal(custom, `?cluster=custom&customUrl=${encodeURIComponent('https://rpc.example.com:8443')}`);
     assert.ok(!custom.includes('secret') && !custom.includes('pass'), 'no credential reaches a link');
+    // Some providers carry the key in the path.
+    const inPath = explorerClusterQuery('https://rpc.ankr.com/solana/0123456789abcdef', false);
+    assert.equal(inPath, `?cluster=custom&customUrl=${encodeURIComponent('https://rpc.ankr.com')}`);
   });
 
   test('time bounds: dates, zones, sub-millisecond fractions, and everything else refused', () => {

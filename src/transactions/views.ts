@@ -64,8 +64,9 @@ const LOCAL_VALIDATOR_URL = 'http://127.0.0.1:8899';
 
 /**
  * The explorers' query string for the cluster the service settles on ('' for mainnet, their
- * default). A custom RPC address loses its credentials, query and fragment first: providers
- * carry API keys there, and every reader of a transaction would see them.
+ * default). A custom RPC address is reduced to its origin (scheme, host, port): providers carry
+ * API keys in its user info, path (`https://rpc.ankr.com/solana/<key>`) or query, and every
+ * reader of a transaction would see them.
  */
 export function explorerClusterQuery(rpcUrl: string | null, embeddedValidator: boolean): string {
   const custom = (url: string) => `?cluster=custom&customUrl=${encodeURIComponent(url)}`;
@@ -75,11 +76,7 @@ export function explorerClusterQuery(rpcUrl: string | null, embeddedValidator: b
   if (host.includes('devnet')) return '?cluster=devnet';
   if (host.includes('testnet')) return '?cluster=testnet';
   if (host.includes('mainnet')) return '';
-  url.username = '';
-  url.password = '';
-  url.search = '';
-  url.hash = '';
-  return custom(url.href.replace(/\/$/, ''));
+  return custom(url.origin);
 }
 
 /** A stored violation as the view shows it; anything else in the JSON stays internal. */
