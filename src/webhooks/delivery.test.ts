@@ -22,7 +22,7 @@ import { openDatabase } from '../db/database.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
 import {
-  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordSuccesses,
+  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordSuccesses, sendStream,
 } from './delivery.ts';
 import { AttemptSender } from './sender.ts';
 import { deleteWebhook } from './webhooks.ts';
@@ -270,6 +270,22 @@ describe('webhook deliveries', () => {
     }
   });
 
+  test('an event written before the webhook was disabled, not yet taken by the dispatcher, is sent once it is re-enabled', async () => {
+    const { key, webhookId } = await setUp('/disabled-early', ['policy.created']);
+    const before = await newPolicyEvent(key, 'Written just before disabling');
+    // Disabled before the dispatcher took the event (no job ran in between).
+    assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).body.status, 'disabled');
+    const [held] = await deliveries(key, webhookId, `&eventId=${before}`);
+    assert.equal(held?.status, 'paused', 'kept for the webhook, paused');
+    await newPolicyEvent(key, 'While disabled');
+    await t.service.jobs.runOnce();
+    assert.equal(arrivals('/disabled-early').length, 0, 'nothing sent while disabled');
+    await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } });
+    await t.service.jobs.runOnce();
+    assert.deepEqual(arrivals('/disabled-early').map((r) => r.body.id), [before], 'the earlier event, and only it');
+    assert.equal((await deliveries(key, webhookId)).length, 1);
+  });
+
   test('an event still unsent after the delivery log\'s 30 days is given up unsent (expired)', async () => {
     const { key, webhookId } = await setUp('/late-dispatch', ['policy.created']);
     const event = await newPolicyEvent(key, 'Long undelivered');
@@ -322,6 +338,25 @@ describe('webhook deliveries', () => {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
     }
+  });
+
+  test('a batch claimed while the webhook was degraded and recorded after its re-enabling is sent, not left paused', async () => {
+    const { key, webhookId } = await setUp('/reenabled', ['policy.created']);
+    await t.service.ctx.db.query(`UPDATE webhooks SET status = 'degraded', degraded_at = now() WHERE id = $1`, [webhookId]);
+    const event = await newPolicyEvent(key, 'Re-enabled');
+    // A worker takes the degraded webhook's new events (to record them paused, unsent)…
+    const stream = await claimStream(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
+    assert.ok(stream?.attempts.some((attempt) => attempt.eventId === event), 'the event is in the claimed batch');
+    assert.equal(stream!.active, false);
+    // …the operator re-enables the webhook before that batch is recorded…
+    assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } })).body.status, 'active');
+    await sendStream(t.service.ctx as AppContext, stream!);
+    // …and the event is due at once, like every delivery paused before the re-enabling.
+    const [recorded] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.equal(recorded!.status, 'pending', 'not paused under an active webhook');
+    await t.service.jobs.runOnce();
+    assert.deepEqual(arrivals('/reenabled').map((r) => r.body.id), [event], 'delivered');
+    assert.equal((await deliveries(key, webhookId, `&eventId=${event}`))[0]!.status, 'delivered');
   });
 
   test('a worker that dies mid-batch loses no event: its lease lapses and the second attempt delivers it', async () => {

@@ -25,10 +25,10 @@ import { inBatches } from '../db/batches.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
-import { derivedId, newId } from '../ids/ids.ts';
+import { newId } from '../ids/ids.ts';
 import type { AttemptRequest, AttemptResult, SendOptions, SentAttempt, Signing } from './attempt.ts';
 import { AttemptSenderError } from './sender.ts';
-import { getWebhook, webhookNotFound } from './webhooks.ts';
+import { deliveryIdOf, getWebhook, webhookNotFound } from './webhooks.ts';
 
 /** SPEC: 5 attempts: immediately, then after 1 min, 5 min, 30 min and 2 h. */
 export const ATTEMPTS_PER_RUN = 5;
@@ -331,11 +331,6 @@ interface StreamRow extends SigningRow {
   payload: StoredEvent['payload'] | null;
 }
 
-/** The delivery of one event to one webhook always has this id, whoever records it. */
-export function deliveryIdOf(webhookId: string, eventId: string, eventCreatedAt: Date): string {
-  return derivedId('dlv', eventCreatedAt.getTime(), `${webhookId}\n${eventId}`);
-}
-
 /**
  * Takes the stream of one webhook that has undelivered events and no worker sending them: up to
  * `limit` events after its position and below the horizon, leased to this worker until
@@ -418,8 +413,10 @@ type StreamOutcome =
  * Records a stream batch and moves the webhook's position to the end of its lease, in one
  * statement, provided the lease is still the one given (otherwise nothing: it lapsed and was
  * taken over). Each event gets its delivery: delivered, or failed or lost with its second
- * attempt due (paused if the webhook is no longer active), or paused, or expired. Returns
- * whether the lease was still held.
+ * attempt due (paused if the webhook is no longer active), or paused (due at once instead if
+ * the webhook was re-enabled since the claim: the re-enabling resumed only the deliveries that
+ * existed then), or expired. The webhook's status is read under its row lock, which a status
+ * change takes too. Returns whether the lease was still held.
  */
 async function recordStream(
   q: Queryable, nowMs: number, stream: Pick<StreamClaim, 'webhookId' | 'lease'>,
@@ -445,9 +442,11 @@ async function recordStream(
                                        next_attempt_at, created_at, updated_at, delivered_at, failure_reason)
        SELECT r.delivery_id, w.org_id, w.id, r.event_id, r.event_type, r.event_created_at,
               CASE WHEN r.outcome = 'succeeded' THEN 'delivered' WHEN r.outcome = 'expired' THEN 'failed'
-                   WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN 'pending' ELSE 'paused' END,
+                   WHEN w.status = 'active' THEN 'pending' ELSE 'paused' END,
               CASE WHEN r.outcome IN ('succeeded', 'failed', 'lost') THEN 1 ELSE 0 END,
-              CASE WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN r.attempted_at + $16 * INTERVAL '1 millisecond' END,
+              -- Held back while the webhook was degraded, and re-enabled since the claim: due now.
+              CASE WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN r.attempted_at + $16 * INTERVAL '1 millisecond'
+                   WHEN r.outcome = 'paused' AND w.status = 'active' THEN $15 END,
               r.event_created_at, $15, CASE WHEN r.outcome = 'succeeded' THEN r.finished_at END,
               CASE WHEN r.outcome = 'expired' THEN 'expired' END
        FROM r CROSS JOIN released w

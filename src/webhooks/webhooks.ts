@@ -13,7 +13,7 @@ import type { Database, Queryable } from '../db/database.ts';
 import { EVENT_TYPES } from '../events/events.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
-import { newId } from '../ids/ids.ts';
+import { derivedId, newId } from '../ids/ids.ts';
 import { assertPublicUrl } from '../net/outbound.ts';
 import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 
@@ -177,10 +177,20 @@ export interface WebhookChange {
   status?: 'active' | 'disabled';
 }
 
+/** The delivery of one event to one webhook always has this id, whoever records it. */
+export function deliveryIdOf(webhookId: string, eventId: string, eventCreatedAt: Date): string {
+  return derivedId('dlv', eventCreatedAt.getTime(), `${webhookId}\n${eventId}`);
+}
+
+/** At most this many events not yet taken by the dispatcher are kept, paused, for a webhook being disabled. */
+export const DISABLE_KEEPS_MAX = 10_000;
+
 /**
  * Changes url, subscriptions or status. Status moves pause and resume deliveries in the same
  * transaction:
- * - to `disabled`: pending deliveries pause; events written while disabled are not delivered;
+ * - to `disabled`: pending deliveries pause, and so do the events written before, which the
+ *   dispatcher had not taken yet (up to DISABLE_KEEPS_MAX); events written while disabled are
+ *   not delivered;
  * - to `active` (from `degraded` or `disabled`): every paused delivery starts a new run of
  *   five attempts, the first one due at once; from `disabled`, the webhook's stream of events
  *   starts again at this transaction.
@@ -198,6 +208,7 @@ export async function updateWebhook(
     const status = change.status ?? current.status;
     // Events written while it was disabled are not for it: re-enabled, its stream starts from now.
     const restartsStream = status === 'active' && current.status === 'disabled';
+    if (status === 'disabled' && current.status !== 'disabled') await keepUntakenEvents(tx, webhookId, now);
     const rows = await tx.query<WebhookRow>(
       `UPDATE webhooks SET url = $3, events = $4, status = $5, updated_at = $6,
          stream_xact = CASE WHEN $7 THEN pg_current_xact_id() ELSE stream_xact END,
@@ -212,6 +223,31 @@ export async function updateWebhook(
     if (status === 'active' && current.status !== 'active') await resumePausedDeliveries(tx, webhookId, now);
     return rows[0]!;
   });
+}
+
+/**
+ * The events a webhook being disabled subscribes to that its stream has not taken yet (after
+ * its position and any batch leased: that batch records its own), written before this moment
+ * (committed below the snapshot's horizon, as a claim would see them): each gets its delivery,
+ * paused, so that re-enabling sends it like any delivery paused then. The stream itself starts
+ * again at the re-enabling.
+ */
+async function keepUntakenEvents(tx: Queryable, webhookId: string, now: Date): Promise<void> {
+  const events = await tx.query<{ id: string; org_id: string; type: string; created_at: Date }>(
+    `SELECT e.id, e.org_id, e.type, e.created_at FROM webhooks w JOIN events e ON e.org_id = w.org_id
+     WHERE w.id = $1 AND (e.xact, e.id) > (w.stream_xact, w.stream_event_id)
+       AND (w.lease_expires_at IS NULL OR (e.xact, e.id) > (w.lease_xact, w.lease_event_id))
+       AND e.xact < pg_snapshot_xmin(pg_current_snapshot())
+       AND ('*' = ANY (w.events) OR e.type = ANY (w.events))
+     ORDER BY e.xact, e.id LIMIT ${DISABLE_KEEPS_MAX}`, [webhookId]);
+  if (events.length === 0) return;
+  await tx.query(
+    `INSERT INTO webhook_deliveries (id, org_id, webhook_id, event_id, event_type, event_created_at, status, created_at, updated_at)
+     SELECT k.id, $2, $1, k.event_id, k.event_type, k.event_created_at, 'paused', k.event_created_at, $3
+     FROM unnest($4::text[], $5::text[], $6::text[], $7::timestamptz[]) AS k(id, event_id, event_type, event_created_at)
+     ON CONFLICT (webhook_id, event_id) DO NOTHING`,
+    [webhookId, events[0]!.org_id, now, events.map((e) => deliveryIdOf(webhookId, e.id, e.created_at)), events.map((e) => e.id),
+      events.map((e) => e.type), events.map((e) => e.created_at)]);
 }
 
 /** A paused delivery restarts its schedule: a new run of five attempts, the first due now. */
