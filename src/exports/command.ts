@@ -6,7 +6,7 @@
  * never leaves a file that looks complete.
  */
 import { createWriteStream, existsSync, renameSync, rmSync } from 'node:fs';
-import { resolve } from 'node:path';
+import { basename, resolve } from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 
@@ -56,7 +56,7 @@ export async function runExportCommand(options: ExportCommandOptions, io: Export
   if (options.out !== null) refuseExisting(options.out, options.force);
   const call = apiCaller(options);
   let state = await call<ExportState>('POST', '/v1/transactions/export', { format: options.format, ...options.filters });
-  const out = resolve(options.out ?? state.file_name);
+  const out = resolve(options.out ?? plainFileName(state.file_name));
   if (options.out === null) refuseExisting(out, options.force);
 
   const status = statusLine(io.stderr);
@@ -85,6 +85,30 @@ export async function runExportCommand(options: ExportCommandOptions, io: Export
   return `wrote ${out}: ${state.row_count} transactions, ${sizeBytes} bytes (${state.export_id})`;
 }
 
+/**
+ * The export's own file name, written to the current directory: only a plain name, never a
+ * path (whoever answers in the service's place could otherwise name a file anywhere).
+ */
+function plainFileName(name: string): string {
+  if (name !== basename(name) || name === '' || name === '.' || name === '..' || name.startsWith('.') || name.includes('\\')) {
+    throw new ExportCommandError(`the service gave the file name ${JSON.stringify(name)}, which is not a plain file name: choose one with --out`);
+  }
+  return name;
+}
+
+/**
+ * An API path under the base URL: appended to its path, so that a service behind a prefix
+ * (`https://gateway.example.com/vault`) is reached at `/vault/v1/…` (SPEC: every path is
+ * appended to the base URL). The path of a download link the API gave is one of these too.
+ */
+function apiUrl(baseUrl: string, path: string): URL {
+  const url = new URL(baseUrl);
+  url.pathname = `${url.pathname.replace(/\/+$/, '')}${path}`;
+  url.search = '';
+  url.hash = '';
+  return url;
+}
+
 function refuseExisting(path: string, force: boolean): void {
   if (!force && existsSync(path)) throw new ExportCommandError(`${path} exists: choose another --out or add --force`);
 }
@@ -94,7 +118,7 @@ function apiCaller(options: ExportCommandOptions) {
   return async <T>(method: string, path: string, body?: unknown): Promise<T> => {
     let response: Response;
     try {
-      response = await fetch(new URL(path, options.baseUrl), {
+      response = await fetch(apiUrl(options.baseUrl, path), {
         method,
         headers: { authorization: `Bearer ${options.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
         body: body === undefined ? undefined : JSON.stringify(body),
@@ -126,7 +150,9 @@ async function download(
   let stall = setTimeout(() => abort.abort(new Error(`no data for ${DOWNLOAD_STALL_MS / 1000} s`)), DOWNLOAD_STALL_MS);
   const part = `${out}.part`;
   try {
-    const response = await fetch(new URL(url, options.baseUrl), {
+    // The link is a path of the API (src/exports: downloadPath); nothing else gets the key.
+    if (!url.startsWith('/')) throw new ExportCommandError(`the service gave the download link ${JSON.stringify(url)}, not a path of its API`);
+    const response = await fetch(apiUrl(options.baseUrl, url), {
       headers: { authorization: `Bearer ${options.apiKey}` }, signal: abort.signal,
     });
     if (!response.ok || !response.body) {

@@ -5,7 +5,9 @@
  * test's own, so a quoting bug in the writer cannot hide behind a matching bug in a reader.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, request as httpRequest } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -372,6 +374,67 @@ describe('transaction exports', () => {
         { baseUrl: `http://127.0.0.1:${address.port}`, apiKey: viewerKey, format: 'csv', filters: { from: 'soon' }, out: join(dir, 'x.csv'), force: false },
         { stderr: { write: () => true }, wait: () => t.service.jobs.runOnce() }), /400 invalid_request \(from\)/);
     } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('agent-vault export reaches a service behind a path prefix (SPEC: every path is appended to the base URL)', async () => {
+    await t.service.app.listen({ port: 0, host: '127.0.0.1' }).catch(() => {});
+    const servicePort = (t.service.app.server.address() as { port: number }).port;
+    // A gateway that serves the API under /vault, as a reverse proxy would.
+    const gateway = createServer((request, response) => {
+      if (!request.url?.startsWith('/vault/')) {
+        response.writeHead(404).end();
+        return;
+      }
+      const forwarded = httpRequest({ host: '127.0.0.1', port: servicePort, method: request.method, path: request.url.slice('/vault'.length),
+        headers: request.headers }, (answer) => {
+        response.writeHead(answer.statusCode!, answer.headers);
+        answer.pipe(response);
+      });
+      request.pipe(forwarded);
+    });
+    await new Promise<void>((resolve) => gateway.listen(0, '127.0.0.1', resolve));
+    const dir = mkdtempSync(join(tmpdir(), 'av-export-cli-'));
+    try {
+      const out = join(dir, 'behind.csv');
+      const line = await runExportCommand(
+        { baseUrl: `http://127.0.0.1:${(gateway.address() as AddressInfo).port}/vault`, apiKey: viewerKey, format: 'csv', filters: { walletId: walletA }, out, force: false },
+        { stderr: { write: () => true }, wait: () => t.service.jobs.runOnce() });
+      assert.match(line, /wrote .*behind\.csv/);
+      assert.equal(parseCsv(readFileSync(out, 'utf8')).length - 1, (await listAll(`&walletId=${walletA}`)).length);
+    } finally {
+      gateway.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('agent-vault export writes only a plain file name of the service\'s into the current directory', async () => {
+    // A service (or whoever answers in its place) naming a file elsewhere.
+    const hostile = createServer((request, response) => {
+      response.setHeader('content-type', 'application/json');
+      if (request.url === '/file') {
+        response.end('abc');
+        return;
+      }
+      response.end(JSON.stringify({
+        export_id: 'exp_x', status: 'ready', download_url: '/file', file_name: '../escaped.csv', estimated_ready_at: new Date().toISOString(),
+        row_count: 1, size_bytes: 3, failure_reason: null,
+      }));
+    });
+    await new Promise<void>((resolve) => hostile.listen(0, '127.0.0.1', resolve));
+    const dir = mkdtempSync(join(tmpdir(), 'av-export-cli-'));
+    const cwd = process.cwd();
+    try {
+      mkdirSync(join(dir, 'here'));
+      process.chdir(join(dir, 'here'));
+      await assert.rejects(runExportCommand(
+        { baseUrl: `http://127.0.0.1:${(hostile.address() as AddressInfo).port}`, apiKey: viewerKey, format: 'csv', filters: {}, out: null, force: false },
+        { stderr: { write: () => true }, wait: async () => {} }), /file name/);
+      assert.equal(existsSync(join(dir, 'escaped.csv')), false, 'nothing written outside the current directory');
+    } finally {
+      process.chdir(cwd);
+      hostile.close();
       rmSync(dir, { recursive: true, force: true });
     }
   });
