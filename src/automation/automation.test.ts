@@ -416,6 +416,40 @@ describe('events, wallet states and automation', () => {
     }
   });
 
+  test('a velocity spike is alerted however many vaults of other organisations once spiked and went quiet', async () => {
+    // Another organisation's vaults that spiked two hours ago and have not paid since: their
+    // stored hour counts are stale (the window slides only at a vault's next payment).
+    const quiet = await t.createOrganization('Quiet spikers');
+    assert.equal((await t.request('PUT', '/v1/alerts', {
+      key: quiet.adminKey, body: { policyViolation: true, inactivityHours: null, velocityPerHour: 2, largeTransactionAbove: null },
+    })).status, 200);
+    const twoHoursAgo = new Date(t.service.ctx.clock.nowMs() - 2 * 3600_000);
+    await t.service.ctx.db.query(
+      `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, status, chain_address, token_address, last_transaction_at,
+         created_at, updated_at)
+       SELECT 'wal_quiet_' || k, $1, 'quiet-' || k, 'Quiet', 'pol_permissive', 'active', 'quiet-vault-' || k, 'quiet-token-' || k, $2, $2, $2
+       FROM generate_series(1, 150) k`, [quiet.orgId, twoHoursAgo]);
+    await t.service.ctx.db.query(
+      `INSERT INTO spend_windows (wallet_id, day_sum, day_count, day_removed_through_ms, hour_sum, hour_count, hour_removed_through_ms,
+         month_key, month_sum)
+       SELECT 'wal_quiet_' || k, 500, 50, 0, 500, 50, 0, '2000-01', 0 FROM generate_series(1, 150) k`);
+    const busy = await t.createOrganization('Busy payer');
+    assert.equal((await t.request('PUT', '/v1/alerts', {
+      key: busy.adminKey, body: { policyViolation: true, inactivityHours: null, velocityPerHour: 2, largeTransactionAbove: null },
+    })).status, 200);
+    const wallet = await fundedWallet(t, '10', 'pol_permissive', busy.adminKey);
+    for (let k = 0; k < 3; k += 1) {
+      const paid = await t.request('POST', '/v1/payments', {
+        key: busy.adminKey, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+      });
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    }
+    await t.service.jobs.runOnce();
+    await t.settled();
+    const alerts = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${wallet.wallet_id}`, { key: busy.adminKey })).body.data;
+    assert.deepEqual(alerts.map((e: { details: { alert: string } }) => e.details.alert), ['velocity_spike']);
+  });
+
   test('alerts: settings read back; large transaction, velocity spike, inactivity and policy violation raise alert.raised once', async () => {
     const defaults = await t.request('GET', '/v1/alerts');
     assert.deepEqual(defaults.body, {

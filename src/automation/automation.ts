@@ -254,12 +254,18 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
     }
     return inactive.length;
   });
-  // Candidates from the stored hour count (it only over-counts until the window slides), then counted exactly.
+  // Candidates from the stored hour count (it only over-counts until the window slides, which
+  // is at the vault's next payment), then counted exactly. A vault that has not paid for an hour
+  // has nothing in the window whatever its stored count says: left out, so that vaults which
+  // once spiked and went quiet never fill the batch ahead of one spiking now. The most recent
+  // payers come first.
   const candidates = await ctx.db.query<{ id: string; org_id: string; per_hour: number }>(
     `SELECT w.id, w.org_id, a.velocity_per_hour AS per_hour FROM wallets w
      JOIN alert_settings a ON a.org_id = w.org_id JOIN spend_windows s ON s.wallet_id = w.id
      WHERE a.velocity_per_hour IS NOT NULL AND s.hour_count > a.velocity_per_hour
+       AND w.last_transaction_at > $1::timestamptz - INTERVAL '1 hour'
        AND (w.velocity_alerted_at IS NULL OR w.velocity_alerted_at <= $1::timestamptz - INTERVAL '1 hour')
+     ORDER BY w.last_transaction_at DESC
      LIMIT ${BATCH}`, [now]);
   for (const wallet of candidates) {
     const [row] = await ctx.db.query<{ count: number }>(
