@@ -5,6 +5,7 @@
  * the index equal to the chain.
  */
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
@@ -12,6 +13,7 @@ import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
+import { canonicalJson } from '../http/idempotency.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
@@ -593,6 +595,19 @@ describe('escrow', () => {
     }
     assert.equal(await balanceOf(t, from.wallet_id), '10.00');
     assert.equal(await balanceOf(t, to.wallet_id), '0.50');
+  });
+
+  test('an escrow\'s a2a_send carries an attestation hash reproducible from its transaction view', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id)).body;
+    const send = (await t.request('GET', `/v1/transactions?walletId=${from.wallet_id}&type=a2a_send`)).body.data[0];
+    assert.ok(send, JSON.stringify(created));
+    const intent = {
+      wallet: send.wallet_id, recipient: send.recipient, amount: send.amount, currency: send.currency, memo: send.memo,
+      category: send.category, time: send.timestamp,
+    };
+    assert.equal(send.agent_attestation_hash, `sha256:${createHash('sha256').update(canonicalJson(intent)).digest('hex')}`);
   });
 
   test('an escrow above the requester\'s co-signature threshold is refused (402, require_co_sign with the threshold), not held', async () => {

@@ -274,7 +274,7 @@ export async function createEscrow(
       const asPayment = { walletId: wallet.id, to: input.toWallet, amount: input.amount, memo: null, category: null };
       if (!decision.allowed) {
         await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
-          decision.violation, sendTxId, 'a2a_send');
+          decision.violation, sendTxId, 'a2a_send', nowMs);
         await options.mark?.(tx, sendTxId);
         return { escrowId: null, violation: decision.violation };
       }
@@ -282,7 +282,7 @@ export async function createEscrow(
       if (decision.requiresApproval) {
         const violation: Violation = { rule: 'require_co_sign', limit: formatUsdc(rules.requireCoSign!), attempted: formatUsdc(input.amount) };
         await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
-          violation, sendTxId, 'a2a_send');
+          violation, sendTxId, 'a2a_send', nowMs);
         await options.mark?.(tx, sendTxId);
         return { escrowId: null, violation };
       }
@@ -300,6 +300,7 @@ export async function createEscrow(
         id: sendTxId, orgId, walletId: wallet.id, type: 'a2a_send', amount: input.amount, recipient: input.toWallet,
         policyId: wallet.policy_id, attestationHash: attestation, signature: prepared.signature,
         lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId, recipientAddress: receiver.address, spendAtMs: recordedMs,
+        createdAtMs: nowMs,
       });
       await insertTransaction(tx, recordedMs, {
         orgId, walletId: wallet.id, type: 'escrow_lock', amount: input.amount, recipient: escrowAddress,

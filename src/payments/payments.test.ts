@@ -3,6 +3,7 @@
  * co-signatures, preflight, session tokens, idempotency, and zero overshoot under concurrency.
  */
 import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
@@ -10,7 +11,7 @@ import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWa
 import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
-import { requestHash } from '../http/idempotency.ts';
+import { canonicalJson, requestHash } from '../http/idempotency.ts';
 import { spendWindowsAt } from './spend-state.ts';
 
 async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
@@ -162,6 +163,28 @@ describe('payments', () => {
     assert.equal(read.body.status, 'confirmed');
     assert.equal(read.body.type, 'payment');
     await assertVaultConsistent(t, wallet.wallet_id, 50_000_000n);
+  });
+
+  // docs/payments.md "Attestation hash": anyone holding the intent can check the hash, from
+  // what the API shows of the payment.
+  test('the attestation hash is reproducible from the transaction view, for a payment made and one blocked', async () => {
+    const policyId = await newPolicy(t, { maxPerTx: '2' });
+    const wallet = await fundedWallet(t, '5', policyId);
+    const domain = `${unique('shop')}.example`;
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain, address: await newRecipient(), category: 'software' } })).status, 200);
+    const made = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: domain, amount: '1.5', currency: 'USDC', memo: 'plan' } });
+    assert.equal(made.status, 200, JSON.stringify(made.body));
+    const blocked = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '3', currency: 'USDC' } });
+    assert.equal(blocked.status, 402);
+    for (const txId of [made.body.tx_id, blocked.body.error.tx_id]) {
+      const view = (await t.request('GET', `/v1/transactions/${txId}`)).body;
+      const intent = {
+        wallet: view.wallet_id, recipient: view.recipient, amount: view.amount, currency: view.currency, memo: view.memo,
+        category: view.category, time: view.timestamp,
+      };
+      assert.equal(view.agent_attestation_hash, `sha256:${createHash('sha256').update(canonicalJson(intent)).digest('hex')}`, txId);
+    }
+    assert.equal((await t.request('GET', `/v1/transactions/${made.body.tx_id}`)).body.category, 'software');
   });
 
   test('the getting-started alias pays from the wallet in the path', async () => {

@@ -107,9 +107,10 @@ function violationError(walletId: string, policyId: string, violation: Violation
  */
 export async function recordBlocked(
   tx: Queryable, nowMs: number, wallet: WalletRow, input: PaymentInput, recipient: ResolvedRecipient, attestation: string,
-  violation: Violation, txId?: string, type: 'payment' | 'a2a_send' = 'payment',
+  violation: Violation, txId?: string, type: 'payment' | 'a2a_send' = 'payment', attestedAtMs?: number,
 ): Promise<TransactionRow> {
   const row = await insertTransaction(tx, nowMs, {
+    createdAtMs: attestedAtMs,
     id: txId, orgId: wallet.org_id, walletId: wallet.id, type, status: 'blocked', amount: input.amount,
     recipient: input.to, policyId: wallet.policy_id, memo: input.memo, attestationHash: attestation,
     signature: null, lastValidBlockHeight: null, policyTriggered: true, violation,
@@ -200,7 +201,7 @@ export async function pay(
     });
     const prepared = await ctx.chain.prepare(await payInstructions(ctx, unlocked, txId, recipient.address, input.amount, attestation));
     const decided = await recorderOf(ctx).submit({
-      orgId, input, recipient, signedForPolicy: unlocked.policy_id, txId, attestation, prepared, mark: options.mark,
+      orgId, input, recipient, signedForPolicy: unlocked.policy_id, txId, attestation, attestedAtMs: signedAtMs, prepared, mark: options.mark,
       keyId: options.keyId ?? null, sessionKey: options.sessionKey ?? null,
     });
     if (decided.kind === 'resign') continue; // signed for another policy account: sign again
@@ -292,6 +293,8 @@ interface PaymentToRecord {
   signedForPolicy: string;
   txId: string;
   attestation: string;
+  /** the time the attestation hash commits to: the payment is recorded as of it */
+  attestedAtMs: number;
   prepared: PreparedTransaction;
   mark: RecordMarker | undefined;
   /** the API key paying; checked live in the recording transaction (its lookup may be cached) */
@@ -379,7 +382,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
       });
       if (!decision.allowed) {
-        const row = await recordBlocked(tx, nowMs, wallet, input, recipient, item.attestation, decision.violation, item.txId);
+        const row = await recordBlocked(tx, nowMs, wallet, input, recipient, item.attestation, decision.violation, item.txId, 'payment', item.attestedAtMs);
         const total = spent.get(wallet.id);
         if (total) total.lastBlocked = true;
         await item.mark?.(tx, item.txId);
@@ -399,6 +402,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
         approval: awaiting ? { required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString() } : null,
         approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
+        createdAtMs: item.attestedAtMs,
       });
       if (!awaiting) {
         // The next payment of this vault in the batch sees this one spent.

@@ -44,6 +44,8 @@ export interface TransactionRow {
   policy_triggered: boolean;
   violation: unknown;
   memo: string | null;
+  /** a payment's resolved category (the directory entry's, else the request's) */
+  category: string | null;
   attestation_hash: string | null;
   tx_signature: string | null;
   last_valid_block_height: bigint | null;
@@ -84,6 +86,12 @@ export interface NewTransaction {
   spendAtMs?: number | null;
   /** the rule a blocked spend broke */
   violation?: unknown;
+  /**
+   * when it was recorded, if not the statement's `nowMs`: a payment's is the time its
+   * attestation hash commits to (read before signing), so that the hash can be checked from
+   * the transaction view
+   */
+  createdAtMs?: number;
 }
 
 export async function insertTransaction(tx: Queryable, nowMs: number, t: NewTransaction): Promise<TransactionRow> {
@@ -111,10 +119,11 @@ export function insertTransactionsSql(
   const ids = list.map((t) => t.id ?? newId('tx', nowMs));
   const now = params.add(new Date(nowMs).toISOString());
   const column = (type: string, pick: (t: NewTransaction) => unknown) => params.array(type, list.map(pick));
-  const sql = `INSERT INTO transactions (id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
+  const columns = `id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
        tx_signature, last_valid_block_height, batch_id, escrow_id, recipient_address, category, policy_triggered, approval,
-       approval_expires_at, spend_at_ms, violation, created_at, updated_at)
-     SELECT r.*, ${now}::timestamptz, ${now}::timestamptz FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
+       approval_expires_at, spend_at_ms, violation`;
+  const sql = `INSERT INTO transactions (${columns}, created_at, updated_at)
+     SELECT ${columns}, COALESCE(r.created_at, ${now}::timestamptz), ${now}::timestamptz FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
        ${column('text', (t) => t.walletId)}, ${column('text', (t) => t.type)}, ${column('text', (t) => t.status ?? 'pending')},
        ${column('bigint', (t) => String(t.amount))}, ${column('text', (t) => t.recipient)}, ${column('text', (t) => t.policyId ?? null)},
        ${column('text', (t) => t.memo ?? null)}, ${column('text', (t) => t.attestationHash ?? null)}, ${column('text', (t) => t.signature)},
@@ -122,7 +131,9 @@ export function insertTransactionsSql(
        ${column('text', (t) => t.escrowId ?? null)}, ${column('text', (t) => t.recipientAddress ?? null)},
        ${column('text', (t) => t.category ?? null)}, ${column('boolean', (t) => t.policyTriggered ?? false)},
        ${column('jsonb', (t) => json(t.approval))}, ${column('timestamptz', (t) => t.approvalExpiresAt?.toISOString() ?? null)},
-       ${column('bigint', (t) => text(t.spendAtMs))}, ${column('jsonb', (t) => json(t.violation))}) AS r`;
+       ${column('bigint', (t) => text(t.spendAtMs))}, ${column('jsonb', (t) => json(t.violation))},
+       ${column('timestamptz', (t) => (t.createdAtMs === undefined ? null : new Date(t.createdAtMs).toISOString()))})
+       AS r(${columns}, created_at)`;
   return {
     sql,
     inOrder(rows) {

@@ -54,6 +54,11 @@ export const TransactionView = Type.Object({
   ], { description: 'co-signature of a payment above the policy\'s requireCoSign; null when none was needed' }),
   timestamp: Type.String({ description: 'when the transaction was recorded' }),
   settled_at: Type.Union([Type.String(), Type.Null()], { description: 'when it reached its final status' }),
+  // Last, so that it is the last column of a CSV export too (added after the others).
+  category: Type.Union([Type.String(), Type.Null()], {
+    description: 'the category a payment counted under (its directory entry\'s, else the one it was sent with); '
+      + 'with `timestamp`, what the attestation hash commits to besides the other fields',
+  }),
 });
 
 /** What the view needs to know of the service: which cluster the explorer links point at. */
@@ -134,6 +139,7 @@ export function transactionView(row: TransactionRow & { approval?: StoredApprova
     approval: approvalOf(row.approval),
     timestamp: row.created_at.toISOString(),
     settled_at: row.settled_at?.toISOString() ?? null,
+    category: row.category,
   };
 }
 
