@@ -106,12 +106,19 @@ export interface SendOptions {
   allowPrivate: boolean;
   /** attempts in flight at once */
   concurrency: number;
+  /**
+   * no attempt is started this long (ms) after the batch began: the attempts started so far are
+   * answered, and the caller decides about the rest (absent: every attempt is made)
+   */
+  startWithinMs?: number;
 }
 
 /**
  * Makes every attempt, at most `concurrency` at a time; the outcomes in the requests' order. A
  * URL is checked, resolved and vetted once per batch (a batch's attempts are made within
- * seconds of one another; a stream batch's all go to one webhook), not once per attempt.
+ * seconds of one another; a stream batch's all go to one webhook), not once per attempt. With
+ * `startWithinMs`, attempts not started by then are not made: the outcomes answered are those
+ * of the requests' first ones (attempts start in order).
  */
 export async function sendAttempts(requests: readonly AttemptRequest[], options: SendOptions, clock: Clock): Promise<SentAttempt[]> {
   const targets = new Map<string, Promise<GuardedTarget>>();
@@ -126,8 +133,9 @@ export async function sendAttempts(requests: readonly AttemptRequest[], options:
   };
   const sent: SentAttempt[] = new Array(requests.length);
   let next = 0;
+  const startBy = options.startWithinMs === undefined ? Infinity : performance.now() + options.startWithinMs;
   const sender = async (): Promise<void> => {
-    while (next < requests.length) {
+    while (next < requests.length && performance.now() < startBy) {
       const index = next++;
       const request = requests[index]!;
       const attemptedAt = new Date(clock.nowMs());
@@ -136,5 +144,5 @@ export async function sendAttempts(requests: readonly AttemptRequest[], options:
     }
   };
   await Promise.all(Array.from({ length: Math.min(Math.max(1, options.concurrency), requests.length) }, sender));
-  return sent;
+  return sent.slice(0, next);
 }

@@ -19,10 +19,11 @@ import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
+import { recordEvents } from '../events/events.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
 import {
-  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordSuccesses, sendStream,
+  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordSuccesses, sendStream, STREAM_START_WITHIN_MS,
 } from './delivery.ts';
 import { AttemptSender } from './sender.ts';
 import { deleteWebhook } from './webhooks.ts';
@@ -357,6 +358,36 @@ describe('webhook deliveries', () => {
     await t.service.jobs.runOnce();
     assert.deepEqual(arrivals('/reenabled').map((r) => r.body.id), [event], 'delivered');
     assert.equal((await deliveries(key, webhookId, `&eventId=${event}`))[0]!.status, 'delivered');
+  });
+
+  test('a url changed while a batch goes slowly to the old one: the batch\'s attempts not yet started go to the new url', async () => {
+    const org = await t.createOrganization('Moving receiver');
+    const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url('/old-url'), events: ['policy.created'] } });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    receiver.secret = created.body.signing_secret;
+    const webhookId = created.body.webhook_id as string;
+    receiver.reply = (request) => ({ status: request.signatureValid ? 200 : 401, delayMs: request.path === '/old-url' ? STREAM_START_WITHIN_MS + 1_000 : 0 });
+    try {
+      const count = 70;
+      await recordEvents(t.service.ctx.db, t.service.ctx.clock.nowMs(), Array.from({ length: count }, (_, k) => ({
+        orgId: org.orgId, type: 'policy.created' as const, summary: `Policy ${k}`, payload: { policy_id: `pol_${k}` },
+      })));
+      const dispatching = t.service.jobs.runOnce();
+      const deadline = Date.now() + 10_000;
+      while (arrivals('/old-url').length < 64) {
+        assert.ok(Date.now() < deadline, `only ${arrivals('/old-url').length} attempts began`);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key: org.adminKey, body: { url: receiver.url('/new-url') } })).status, 200);
+      await dispatching;
+      assert.equal(arrivals('/old-url').length, 64, 'the attempts in flight finish where they began');
+      assert.equal(arrivals('/new-url').length, count - 64, 'the others follow the change');
+      const log = await deliveries(org.adminKey, webhookId);
+      assert.equal(log.length, count);
+      assert.ok(log.every((delivery) => delivery.status === 'delivered'), JSON.stringify(log.map((d) => d.status)));
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+    }
   });
 
   test('a worker that dies mid-batch loses no event: its lease lapses and the second attempt delivers it', async () => {

@@ -301,6 +301,12 @@ const STREAM_SENDS_MAX = 64;
  * first attempt keeps SPEC's schedule.
  */
 export const STREAM_LEASE_MS = RETRY_DELAYS_MS[0];
+/**
+ * A stream batch's attempts are started within this long of each other; the rest wait for the
+ * webhook to be read again, so that a change made meanwhile (url, secret, subscriptions, a
+ * disable, a delete) applies to them. A receiver answering at once takes a batch well within it.
+ */
+export const STREAM_START_WITHIN_MS = 2_000;
 /** Lapsed streams taken over per dispatch run. */
 const LAPSED_STREAMS_MAX = 20;
 
@@ -492,24 +498,45 @@ async function sendBatch(ctx: AppContext, requests: readonly AttemptRequest[], o
 /**
  * Sends a stream batch, at most STREAM_SENDS_MAX at a time, and records it. A degraded
  * webhook's events are recorded paused, unsent; an event older than the delivery log keeps is
- * given up. Returns the attempts made.
+ * given up. Attempts not started within STREAM_START_WITHIN_MS (a slow receiver) are made only
+ * after the webhook is read again, as it is then: to its url, signed with its secrets, if it
+ * still subscribes to the event; paused if it is no longer active; not at all if it was
+ * deleted. Returns the attempts made.
  */
 export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<number> {
   const expiredBeforeMs = ctx.clock.nowMs() - DELIVERY_LOG_RETENTION_MS;
   const done: Array<{ attempt: StreamAttempt; outcome: StreamOutcome }> = [];
-  const toSend: StreamAttempt[] = [];
+  let toSend: StreamAttempt[] = [];
   for (const attempt of stream.attempts) {
     if (attempt.eventCreatedAt.getTime() < expiredBeforeMs) done.push({ attempt, outcome: { kind: 'expired' } });
     else if (!stream.active) done.push({ attempt, outcome: { kind: 'paused' } });
     else toSend.push(attempt);
   }
-  const sent = await sendBatch(ctx, toSend, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: STREAM_SENDS_MAX });
-  toSend.forEach((attempt, index) => {
-    const { attemptedAt, finishedAt, result } = sent[index]!;
-    done.push({ attempt, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
-  });
+  let made = 0;
+  while (toSend.length > 0) {
+    const sent = await sendBatch(ctx, toSend, {
+      allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: STREAM_SENDS_MAX, startWithinMs: STREAM_START_WITHIN_MS,
+    });
+    sent.forEach(({ attemptedAt, finishedAt, result }, index) => {
+      done.push({ attempt: toSend[index]!, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
+    });
+    made += sent.length;
+    const rest = toSend.slice(sent.length);
+    if (rest.length === 0) break;
+    const [now] = await ctx.db.query<SigningRow & { status: string; events: string[] }>(
+      'SELECT id, url, signing_secret, previous_signing_secret, previous_secret_expires_at, status, events FROM webhooks WHERE id = $1',
+      [stream.webhookId]);
+    if (!now) return made; // deleted: nothing more is sent, and nothing is recorded for it
+    if (now.status !== 'active') {
+      for (const attempt of rest) done.push({ attempt, outcome: { kind: 'paused' } });
+      break;
+    }
+    const signing = signingOf(now, ctx.clock.nowMs());
+    toSend = rest.filter((attempt) => now.events.includes('*') || now.events.includes(attempt.eventType))
+      .map((attempt) => ({ ...attempt, url: now.url, signing }));
+  }
   await recordStream(ctx.db, ctx.clock.nowMs(), stream, done);
-  return toSend.length;
+  return made;
 }
 
 /**

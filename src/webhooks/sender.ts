@@ -82,7 +82,7 @@ export class AttemptSender {
       requests: requests.map(({ deliveryId, eventId, attempt, url, signing, body }) => ({
         deliveryId, eventId, attempt, url, signing: { secret: signing.secret, previousSecret: signing.previousSecret }, body,
       })),
-      options: { allowPrivate: options.allowPrivate, concurrency: options.concurrency },
+      options: { allowPrivate: options.allowPrivate, concurrency: options.concurrency, startWithinMs: options.startWithinMs },
     };
     let worker: Worker;
     try {
