@@ -74,3 +74,23 @@ export async function holdLocks(
     throw error;
   }
 }
+
+/**
+ * Starts `request` while `held` holds its locks, waits until it queues behind them, runs
+ * `meanwhile` (a change the request must not see before it was queued), then lets the locks go
+ * (their transaction commits) and answers what `request` gave.
+ */
+export async function queuedRequest<T>(
+  db: Database, held: HeldLocks, request: () => Promise<T>, meanwhile?: () => Promise<unknown>,
+): Promise<T> {
+  let pending: Promise<T> | undefined;
+  try {
+    pending = request();
+    await queuedBehind(db, held.pid, 1);
+    await meanwhile?.();
+  } finally {
+    held.release();
+    await held.done;
+  }
+  return pending;
+}

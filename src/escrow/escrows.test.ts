@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
-import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../test/locks.ts';
 import { canonicalJson } from '../http/idempotency.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
@@ -147,17 +147,10 @@ describe('escrow', () => {
       assert.ok(from.wallet_id < to.wallet_id, 'the receiving vault comes after the payer in id order: it is locked second');
       assert.equal((await t.request('POST', `/v1/wallets/${to.wallet_id}/withdraw`, { body: { amount: 'all' } })).status, 200);
       const payer = await holdLocks(other, (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [from.wallet_id]));
-      let opening: ReturnType<typeof open> | undefined;
-      try {
-        opening = open(from, to.wallet_id);
-        await queuedBehind(t.service.ctx.db, payer.pid, 1);
+      const refused = await queuedRequest(t.service.ctx.db, payer, () => open(from, to.wallet_id), async () => {
         const archived = await t.request('DELETE', `/v1/wallets/${to.wallet_id}`);
         assert.equal(archived.status, 200, JSON.stringify(archived.body));
-      } finally {
-        payer.release();
-        await payer.done;
-      }
-      const refused = await opening!;
+      });
       assert.equal(refused.status, 422, JSON.stringify(refused.body));
       assert.equal(refused.body.error.code, 'wallet_archived');
       const [{ n }] = await t.service.ctx.db.query<{ n: number }>(
@@ -181,18 +174,10 @@ describe('escrow', () => {
       // The rotation's own statement, held uncommitted: the request's read still sees the old key.
       const rotation = await holdLocks(other, (tx) => tx.query(
         'UPDATE wallets SET session_public_key = $2 WHERE id = $1', [from.wallet_id, newSessionAuthority().publicKey]));
-      let opening: Promise<{ status: number; body: any }> | undefined;
-      try {
-        opening = t.request('POST', '/v1/payments/a2a', {
-          key: agentKey, headers: { 'session-token': token },
-          body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '4', currency: 'USDC', taskDescription: 'a task' },
-        });
-        await queuedBehind(t.service.ctx.db, rotation.pid, 1);
-      } finally {
-        rotation.release();
-        await rotation.done;
-      }
-      const refused = await opening!;
+      const refused = await queuedRequest(t.service.ctx.db, rotation, () => t.request('POST', '/v1/payments/a2a', {
+        key: agentKey, headers: { 'session-token': token },
+        body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '4', currency: 'USDC', taskDescription: 'a task' },
+      }));
       assert.equal(refused.status, 403, JSON.stringify(refused.body));
       assert.equal(refused.body.error.code, 'session_token_invalid');
       assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'nothing locked');

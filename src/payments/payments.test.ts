@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
-import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
 import { canonicalJson, requestHash } from '../http/idempotency.ts';
@@ -510,18 +510,10 @@ describe('payments', () => {
       // and its recording waits for the vault's row.
       const rotation = await holdLocks(other, (tx) => tx.query(
         'UPDATE wallets SET session_public_key = $2 WHERE id = $1', [wallet.wallet_id, newSessionAuthority().publicKey]));
-      let paying: Promise<{ status: number; body: any }> | undefined;
-      try {
-        paying = t.request('POST', '/v1/payments', {
-          key: agentKey, headers: { 'session-token': token },
-          body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
-        });
-        await queuedBehind(t.service.ctx.db, rotation.pid, 1);
-      } finally {
-        rotation.release();
-        await rotation.done;
-      }
-      const refused = await paying!;
+      const to = await newRecipient();
+      const refused = await queuedRequest(t.service.ctx.db, rotation, () => t.request('POST', '/v1/payments', {
+        key: agentKey, headers: { 'session-token': token }, body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' },
+      }));
       assert.equal(refused.status, 403, JSON.stringify(refused.body));
       assert.equal(refused.body.error.code, 'session_token_invalid');
       assert.equal(await balanceOf(t, wallet.wallet_id), '3.00');
