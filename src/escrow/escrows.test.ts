@@ -590,7 +590,7 @@ describe('escrow', () => {
     assert.ok(send, JSON.stringify(created));
     const intent = {
       wallet: send.wallet_id, recipient: send.recipient, amount: send.amount, currency: send.currency, memo: send.memo,
-      category: send.category, time: send.timestamp,
+      category: send.category, time: send.attested_at,
     };
     assert.equal(send.agent_attestation_hash, `sha256:${createHash('sha256').update(canonicalJson(intent)).digest('hex')}`);
   });

@@ -24,7 +24,7 @@ import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import {
-  attestationHashOf, commitSpend, frozenError, insufficientBalance, recordBlocked, rulesFor,
+  attestationHashOf, commitSpend, insufficientBalance, recordBlocked, rulesFor, vaultRefusal,
 } from '../payments/payments.ts';
 import { evaluate, type Violation } from '../payments/policy-engine.ts';
 import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-state.ts';
@@ -33,9 +33,7 @@ import {
 } from '../transactions/settlement.ts';
 import { serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
-import {
-  assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
-} from '../wallets/wallets.ts';
+import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
 import { recheckProofLocked, sha256Of, verifyProof, type ProofInput } from './proofs.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
@@ -257,14 +255,8 @@ export async function createEscrow(
       if (receiverFirst) await assertReceiverOpen(tx, receiver);
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
       if (!receiverFirst) await assertReceiverOpen(tx, receiver);
-      if (options.sessionKey != null) {
-        // A rotation revokes the token presented with its commit, also for an escrow being recorded.
-        if (wallet.session_public_key !== options.sessionKey) throw sessionTokenInvalid();
-        const expired = sessionExpiredError(wallet, recordedMs);
-        if (expired) throw expired;
-      }
-      assertNotArchived(wallet);
-      if (wallet.status === 'frozen') throw frozenError(wallet);
+      const refusal = vaultRefusal(wallet, options.sessionKey ?? null, recordedMs);
+      if (refusal) throw refusal;
       if (wallet.policy_id !== unlocked.policy_id) return null;
       const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
       const rules = await rulesFor(tx, wallet);
@@ -300,7 +292,7 @@ export async function createEscrow(
         id: sendTxId, orgId, walletId: wallet.id, type: 'a2a_send', amount: input.amount, recipient: input.toWallet,
         policyId: wallet.policy_id, attestationHash: attestation, signature: prepared.signature,
         lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId, recipientAddress: receiver.address, spendAtMs: recordedMs,
-        createdAtMs: nowMs,
+        attestedAtMs: nowMs,
       });
       await insertTransaction(tx, recordedMs, {
         orgId, walletId: wallet.id, type: 'escrow_lock', amount: input.amount, recipient: escrowAddress,

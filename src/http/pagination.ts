@@ -39,13 +39,16 @@ export function parsePageRequest(query: { limit?: string; cursor?: string }): Pa
   return { limit, after: query.cursor === undefined ? null : decodeCursor(query.cursor) };
 }
 
-/** The last millisecond a JavaScript Date can hold (ECMA-262: ±10^8 days from 1970). */
-const DATE_MS_MAX = 8.64e15;
+/**
+ * The last millisecond of the year 9999: a later instant is written with a sign and six year
+ * digits (`+010000-…`), which PGlite refuses.
+ */
+const DATE_MS_MAX = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
 
 function decodeCursor(cursor: string): { createdAt: Date; id: string } {
   try {
     const [ms, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as [unknown, unknown];
-    // An instant every row's created_at can be: from 1970 to the last a JavaScript Date holds.
+    // An instant every row's created_at can be: from 1970 to the end of the year 9999.
     if (typeof ms === 'number' && Number.isSafeInteger(ms) && ms >= 0 && ms <= DATE_MS_MAX && typeof id === 'string' && id.length <= 64) {
       return { createdAt: new Date(ms), id };
     }

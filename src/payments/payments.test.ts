@@ -180,7 +180,7 @@ describe('payments', () => {
       const view = (await t.request('GET', `/v1/transactions/${txId}`)).body;
       const intent = {
         wallet: view.wallet_id, recipient: view.recipient, amount: view.amount, currency: view.currency, memo: view.memo,
-        category: view.category, time: view.timestamp,
+        category: view.category, time: view.attested_at,
       };
       assert.equal(view.agent_attestation_hash, `sha256:${createHash('sha256').update(canonicalJson(intent)).digest('hex')}`, txId);
     }
@@ -517,6 +517,28 @@ describe('payments', () => {
       assert.equal(refused.status, 403, JSON.stringify(refused.body));
       assert.equal(refused.body.error.code, 'session_token_invalid');
       assert.equal(await balanceOf(t, wallet.wallet_id), '3.00');
+      assert.equal(await countRows(t, wallet.wallet_id), 0);
+    } finally {
+      await other.close();
+    }
+  });
+
+  test('a vault archived while an agent\'s payment waits for its lock: wallet_archived, as for any key', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const wallet = await fundedWallet(t, '3');
+      const agentKey = await t.createKey('agent');
+      const token = (await t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { body: { ttlSeconds: 600 } })).body.session_token;
+      // Archiving's own statement (it also ends the session authority), held uncommitted.
+      const archiving = await holdLocks(other, (tx) => tx.query(
+        `UPDATE wallets SET status = 'archived', session_public_key = NULL, session_expires_at = NULL WHERE id = $1`, [wallet.wallet_id]));
+      const to = await newRecipient();
+      const refused = await queuedRequest(t.service.ctx.db, archiving, () => t.request('POST', '/v1/payments', {
+        key: agentKey, headers: { 'session-token': token }, body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' },
+      }));
+      assert.equal(refused.status, 422, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'wallet_archived');
       assert.equal(await countRows(t, wallet.wallet_id), 0);
     } finally {
       await other.close();

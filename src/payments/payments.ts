@@ -110,7 +110,7 @@ export async function recordBlocked(
   violation: Violation, txId?: string, type: 'payment' | 'a2a_send' = 'payment', attestedAtMs?: number,
 ): Promise<TransactionRow> {
   const row = await insertTransaction(tx, nowMs, {
-    createdAtMs: attestedAtMs,
+    attestedAtMs,
     id: txId, orgId: wallet.org_id, walletId: wallet.id, type, status: 'blocked', amount: input.amount,
     recipient: input.to, policyId: wallet.policy_id, memo: input.memo, attestationHash: attestation,
     signature: null, lastValidBlockHeight: null, policyTriggered: true, violation,
@@ -293,7 +293,7 @@ interface PaymentToRecord {
   signedForPolicy: string;
   txId: string;
   attestation: string;
-  /** the time the attestation hash commits to: the payment is recorded as of it */
+  /** the instant the attestation hash commits to */
   attestedAtMs: number;
   prepared: PreparedTransaction;
   mark: RecordMarker | undefined;
@@ -365,9 +365,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       // The vault first, as the request's read before signing answered it.
       const refusal = !wallet || wallet.org_id !== item.orgId ? walletNotFound(input.walletId)
         : item.keyId !== null && !liveKeys.has(item.keyId) ? invalidKeyError()
-        : item.sessionKey !== null && wallet.session_public_key !== item.sessionKey ? sessionTokenInvalid()
-        : item.sessionKey !== null ? sessionExpiredError(wallet, nowMs) ?? stateRefusal(wallet)
-        : stateRefusal(wallet);
+        : vaultRefusal(wallet, item.sessionKey, nowMs);
       if (refusal || !wallet) {
         outcomes.push({ ok: false, error: refusal });
         continue;
@@ -402,7 +400,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
         approval: awaiting ? { required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString() } : null,
         approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
-        createdAtMs: item.attestedAtMs,
+        attestedAtMs: item.attestedAtMs,
       });
       if (!awaiting) {
         // The next payment of this vault in the batch sees this one spent.
@@ -422,9 +420,19 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
   });
 }
 
-/** Why a vault cannot pay at all: archived or frozen; null when it can. */
-function stateRefusal(wallet: WalletRow): ServiceError | null {
-  return wallet.status === 'archived' ? archivedError(wallet) : wallet.status === 'frozen' ? frozenError(wallet) : null;
+/**
+ * Why a vault (its row locked) cannot spend now, or null: archived (which also ends its session
+ * authority), then, for an `agent` key's request, the session key its token matched no longer
+ * the vault's or expired (a rotation revokes with its commit), then frozen.
+ */
+export function vaultRefusal(wallet: WalletRow, sessionKey: string | null, nowMs: number): ServiceError | null {
+  if (wallet.status === 'archived') return archivedError(wallet);
+  if (sessionKey !== null) {
+    if (wallet.session_public_key !== sessionKey) return sessionTokenInvalid();
+    const expired = sessionExpiredError(wallet, nowMs);
+    if (expired) return expired;
+  }
+  return wallet.status === 'frozen' ? frozenError(wallet) : null;
 }
 
 function walletIdsOf(items: readonly PaymentToRecord[]): string[] {

@@ -46,6 +46,8 @@ export interface TransactionRow {
   memo: string | null;
   /** a payment's resolved category (the directory entry's, else the request's) */
   category: string | null;
+  /** the instant the attestation hash commits to; null for other types and rows older than it */
+  attested_at: Date | null;
   attestation_hash: string | null;
   tx_signature: string | null;
   last_valid_block_height: bigint | null;
@@ -86,12 +88,8 @@ export interface NewTransaction {
   spendAtMs?: number | null;
   /** the rule a blocked spend broke */
   violation?: unknown;
-  /**
-   * when it was recorded, if not the statement's `nowMs`: a payment's is the time its
-   * attestation hash commits to (read before signing), so that the hash can be checked from
-   * the transaction view
-   */
-  createdAtMs?: number;
+  /** the instant its attestation hash commits to (read before signing), shown as `attested_at` */
+  attestedAtMs?: number;
 }
 
 export async function insertTransaction(tx: Queryable, nowMs: number, t: NewTransaction): Promise<TransactionRow> {
@@ -121,9 +119,9 @@ export function insertTransactionsSql(
   const column = (type: string, pick: (t: NewTransaction) => unknown) => params.array(type, list.map(pick));
   const columns = `id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
        tx_signature, last_valid_block_height, batch_id, escrow_id, recipient_address, category, policy_triggered, approval,
-       approval_expires_at, spend_at_ms, violation`;
+       approval_expires_at, spend_at_ms, violation, attested_at`;
   const sql = `INSERT INTO transactions (${columns}, created_at, updated_at)
-     SELECT ${columns}, COALESCE(r.created_at, ${now}::timestamptz), ${now}::timestamptz FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
+     SELECT r.*, ${now}::timestamptz, ${now}::timestamptz FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
        ${column('text', (t) => t.walletId)}, ${column('text', (t) => t.type)}, ${column('text', (t) => t.status ?? 'pending')},
        ${column('bigint', (t) => String(t.amount))}, ${column('text', (t) => t.recipient)}, ${column('text', (t) => t.policyId ?? null)},
        ${column('text', (t) => t.memo ?? null)}, ${column('text', (t) => t.attestationHash ?? null)}, ${column('text', (t) => t.signature)},
@@ -132,8 +130,8 @@ export function insertTransactionsSql(
        ${column('text', (t) => t.category ?? null)}, ${column('boolean', (t) => t.policyTriggered ?? false)},
        ${column('jsonb', (t) => json(t.approval))}, ${column('timestamptz', (t) => t.approvalExpiresAt?.toISOString() ?? null)},
        ${column('bigint', (t) => text(t.spendAtMs))}, ${column('jsonb', (t) => json(t.violation))},
-       ${column('timestamptz', (t) => (t.createdAtMs === undefined ? null : new Date(t.createdAtMs).toISOString()))})
-       AS r(${columns}, created_at)`;
+       ${column('timestamptz', (t) => (t.attestedAtMs === undefined ? null : new Date(t.attestedAtMs).toISOString()))})
+       AS r(${columns})`;
   return {
     sql,
     inOrder(rows) {

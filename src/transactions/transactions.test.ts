@@ -12,7 +12,7 @@ import { explorerClusterQuery } from './views.ts';
 
 const LOCAL_CLUSTER = '?cluster=custom&customUrl=http%3A%2F%2F127.0.0.1%3A8899';
 const VIEW_FIELDS = [
-  'agent_attestation_hash', 'amount', 'approval', 'category', 'currency', 'explorer_url', 'explorer_url_alt', 'failure_reason', 'memo',
+  'agent_attestation_hash', 'amount', 'approval', 'attested_at', 'category', 'currency', 'explorer_url', 'explorer_url_alt', 'failure_reason', 'memo',
   'on_chain_slot', 'policy_id', 'policy_triggered', 'recipient', 'settled_at', 'status', 'timestamp', 'tx_id', 'tx_signature',
   'type', 'violation', 'wallet_id',
 ];
@@ -300,8 +300,8 @@ describe('transaction index', () => {
       ['limit=101', 'limit'], ['limit=0', 'limit'], ['limit=ten', 'limit'], ['cursor=garbage', 'cursor'],
       ['sort=asc', 'sort'], [`walletId=${walletA.wallet_id}&wallet_id=${walletA.wallet_id}`, 'wallet_id'],
       [`recipient=${'x'.repeat(257)}`, 'recipient'], ['status=blocked&status=failed', 'status'],
-      // Well-formed cursors whose instant no timestamp holds (a date past JavaScript's, one before PostgreSQL's).
-      ...[9_007_199_254_740_991, -8_640_000_000_000_000].map((ms): [string, string] =>
+      // Well-formed cursors whose instant no timestamp holds (past JavaScript's dates, before PostgreSQL's, past the year 9999).
+      ...[9_007_199_254_740_991, -8_640_000_000_000_000, Date.UTC(10_000, 0, 1)].map((ms): [string, string] =>
         [`cursor=${Buffer.from(JSON.stringify([ms, 'tx_x'])).toString('base64url')}`, 'cursor']),
     ];
     for (const [query, param] of cases) {

@@ -54,10 +54,12 @@ export const TransactionView = Type.Object({
   ], { description: 'co-signature of a payment above the policy\'s requireCoSign; null when none was needed' }),
   timestamp: Type.String({ description: 'when the transaction was recorded' }),
   settled_at: Type.Union([Type.String(), Type.Null()], { description: 'when it reached its final status' }),
-  // Last, so that it is the last column of a CSV export too (added after the others).
+  // Last, so that they are the last columns of a CSV export too (added after the others).
   category: Type.Union([Type.String(), Type.Null()], {
-    description: 'the category a payment counted under (its directory entry\'s, else the one it was sent with); '
-      + 'with `timestamp`, what the attestation hash commits to besides the other fields',
+    description: 'the category a payment counted under (its directory entry\'s, else the one it was sent with)',
+  }),
+  attested_at: Type.Union([Type.String(), Type.Null()], {
+    description: 'the instant the attestation hash commits to (`time`), just before signing; null for other types',
   }),
 });
 
@@ -140,6 +142,7 @@ export function transactionView(row: TransactionRow & { approval?: StoredApprova
     timestamp: row.created_at.toISOString(),
     settled_at: row.settled_at?.toISOString() ?? null,
     category: row.category,
+    attested_at: row.attested_at?.toISOString() ?? null,
   };
 }
 

@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { queuedBehind } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
 import { recordEvents } from '../events/events.ts';
 import { newId } from '../ids/ids.ts';
@@ -287,6 +287,27 @@ describe('webhook deliveries', () => {
     assert.equal((await deliveries(key, webhookId)).length, 1);
   });
 
+  test('an event committed before the disable is kept while an older transaction is still open elsewhere', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const { key, webhookId } = await setUp('/disabled-open', ['policy.created']);
+      // Some other work holds a transaction open from before the event (the stream's horizon stays behind it).
+      const older = await holdLocks(other, (tx) => tx.query('SELECT pg_current_xact_id()'));
+      try {
+        const before = await newPolicyEvent(key, 'Written while another transaction is open');
+        assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).status, 200);
+        const [held] = await deliveries(key, webhookId, `&eventId=${before}`);
+        assert.equal(held?.status, 'paused', 'kept for the webhook, paused');
+      } finally {
+        older.release();
+        await older.done;
+      }
+    } finally {
+      await other.close();
+    }
+  });
+
   test('an event still unsent after the delivery log\'s 30 days is given up unsent (expired)', async () => {
     const { key, webhookId } = await setUp('/late-dispatch', ['policy.created']);
     const event = await newPolicyEvent(key, 'Long undelivered');
@@ -385,6 +406,36 @@ describe('webhook deliveries', () => {
       const log = await deliveries(org.adminKey, webhookId);
       assert.equal(log.length, count);
       assert.ok(log.every((delivery) => delivery.status === 'delivered'), JSON.stringify(log.map((d) => d.status)));
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+    }
+  });
+
+  test('a slow batch leaves what it cannot send within its lease to the retries, due at once', async () => {
+    const org = await t.createOrganization('Slow near the lease');
+    const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url('/lease-end'), events: ['policy.created'] } });
+    receiver.secret = created.body.signing_secret;
+    const webhookId = created.body.webhook_id as string;
+    receiver.reply = (request) => ({ status: request.signatureValid ? 200 : 401, delayMs: request.path === '/lease-end' ? STREAM_START_WITHIN_MS + 500 : 0 });
+    try {
+      const count = 70;
+      await recordEvents(t.service.ctx.db, t.service.ctx.clock.nowMs(), Array.from({ length: count }, (_, k) => ({
+        orgId: org.orgId, type: 'policy.created' as const, summary: `Policy ${k}`, payload: { policy_id: `pol_${k}` },
+      })));
+      const stream = await claimStream(t.service.ctx.db, t.service.ctx.clock.nowMs(), 512);
+      assert.equal(stream?.webhookId, webhookId);
+      // The claim is 50 s old when its batch goes out: one round of attempts fits in its lease, not two.
+      await advance(50);
+      assert.equal(await sendStream(t.service.ctx as AppContext, stream!), 64, 'one round made');
+      const log = await deliveries(org.adminKey, webhookId);
+      assert.equal(log.filter((d) => d.status === 'delivered').length, 64);
+      const deferred = log.filter((d) => d.status !== 'delivered');
+      assert.equal(deferred.length, count - 64);
+      assert.ok(deferred.every((d) => d.status === 'pending' && d.attempt_count === 0), JSON.stringify(deferred[0]));
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.service.jobs.runOnce();
+      assert.equal(arrivals('/lease-end').length, count, 'the rest made as retries');
+      assert.ok((await deliveries(org.adminKey, webhookId)).every((d) => d.status === 'delivered'));
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
     }

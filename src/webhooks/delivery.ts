@@ -26,7 +26,7 @@ import type { Database, Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
-import type { AttemptRequest, AttemptResult, SendOptions, SentAttempt, Signing } from './attempt.ts';
+import { DELIVERY_TIMEOUT_MS, type AttemptRequest, type AttemptResult, type SendOptions, type SentAttempt, type Signing } from './attempt.ts';
 import { AttemptSenderError } from './sender.ts';
 import { deliveryIdOf, getWebhook, webhookNotFound } from './webhooks.ts';
 
@@ -307,6 +307,8 @@ export const STREAM_LEASE_MS = RETRY_DELAYS_MS[0];
  * disable, a delete) applies to them. A receiver answering at once takes a batch well within it.
  */
 export const STREAM_START_WITHIN_MS = 2_000;
+/** Time kept on a stream's lease to record its batch. */
+const STREAM_RECORD_MARGIN_MS = 5_000;
 /** Lapsed streams taken over per dispatch run. */
 const LAPSED_STREAMS_MAX = 20;
 
@@ -408,12 +410,14 @@ export async function claimStream(db: Database, nowMs: number, limit: number): P
 /**
  * What became of one event of a stream batch: an attempt's outcome; `lost` (its worker stopped:
  * the attempt may have been made); `paused` (the webhook is degraded: not attempted, waits for
- * it to be re-enabled); `expired` (older than the delivery log keeps: given up unsent).
+ * it to be re-enabled); `deferred` (not attempted for want of time on the lease: its first
+ * attempt is due at once, made as a retry is); `expired` (older than the delivery log keeps:
+ * given up unsent).
  */
 type StreamOutcome =
   | { kind: 'succeeded' | 'failed'; attemptedAt: Date; finishedAt: Date; result: AttemptResult }
   | { kind: 'lost'; attemptedAt: Date }
-  | { kind: 'paused' | 'expired' };
+  | { kind: 'paused' | 'deferred' | 'expired' };
 
 /**
  * Records a stream batch and moves the webhook's position to the end of its lease, in one
@@ -450,9 +454,10 @@ async function recordStream(
               CASE WHEN r.outcome = 'succeeded' THEN 'delivered' WHEN r.outcome = 'expired' THEN 'failed'
                    WHEN w.status = 'active' THEN 'pending' ELSE 'paused' END,
               CASE WHEN r.outcome IN ('succeeded', 'failed', 'lost') THEN 1 ELSE 0 END,
-              -- Held back while the webhook was degraded, and re-enabled since the claim: due now.
+              -- Not attempted (deferred, or held back while the webhook was degraded and it has been
+              -- re-enabled since the claim): due now.
               CASE WHEN r.outcome IN ('failed', 'lost') AND w.status = 'active' THEN r.attempted_at + $16 * INTERVAL '1 millisecond'
-                   WHEN r.outcome = 'paused' AND w.status = 'active' THEN $15 END,
+                   WHEN r.outcome IN ('paused', 'deferred') AND w.status = 'active' THEN $15 END,
               r.event_created_at, $15, CASE WHEN r.outcome = 'succeeded' THEN r.finished_at END,
               CASE WHEN r.outcome = 'expired' THEN 'expired' END
        FROM r CROSS JOIN released w
@@ -523,17 +528,23 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
     made += sent.length;
     const rest = toSend.slice(sent.length);
     if (rest.length === 0) break;
+    // Another round must end, its host name resolved and its attempts answered (5 s each at
+    // most), and be recorded before the lease does: otherwise the rest are left to the retries.
+    if (ctx.clock.nowMs() + 2 * DELIVERY_TIMEOUT_MS + STREAM_RECORD_MARGIN_MS > stream.lease.expiresAt.getTime()) {
+      for (const attempt of rest) done.push({ attempt, outcome: { kind: 'deferred' } });
+      break;
+    }
     const [now] = await ctx.db.query<SigningRow & { status: string; events: string[] }>(
       'SELECT id, url, signing_secret, previous_signing_secret, previous_secret_expires_at, status, events FROM webhooks WHERE id = $1',
       [stream.webhookId]);
     if (!now) return made; // deleted: nothing more is sent, and nothing is recorded for it
+    const subscribed = rest.filter((attempt) => now.events.includes('*') || now.events.includes(attempt.eventType));
     if (now.status !== 'active') {
-      for (const attempt of rest) done.push({ attempt, outcome: { kind: 'paused' } });
+      for (const attempt of subscribed) done.push({ attempt, outcome: { kind: 'paused' } });
       break;
     }
     const signing = signingOf(now, ctx.clock.nowMs());
-    toSend = rest.filter((attempt) => now.events.includes('*') || now.events.includes(attempt.eventType))
-      .map((attempt) => ({ ...attempt, url: now.url, signing }));
+    toSend = subscribed.map((attempt) => ({ ...attempt, url: now.url, signing }));
   }
   await recordStream(ctx.db, ctx.clock.nowMs(), stream, done);
   return made;

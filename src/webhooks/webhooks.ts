@@ -228,16 +228,16 @@ export async function updateWebhook(
 /**
  * The events a webhook being disabled subscribes to that its stream has not taken yet (after
  * its position and any batch leased: that batch records its own), written before this moment
- * (committed below the snapshot's horizon, as a claim would see them): each gets its delivery,
- * paused, so that re-enabling sends it like any delivery paused then. The stream itself starts
- * again at the re-enabling.
+ * (committed when this statement began; not only those below the horizon a claim waits for,
+ * since the stream never takes the rest once disabled): each gets its delivery, paused, so that
+ * re-enabling sends it like any delivery paused then. The stream itself starts again at the
+ * re-enabling, past all of them.
  */
 async function keepUntakenEvents(tx: Queryable, webhookId: string, now: Date): Promise<void> {
   const events = await tx.query<{ id: string; org_id: string; type: string; created_at: Date }>(
     `SELECT e.id, e.org_id, e.type, e.created_at FROM webhooks w JOIN events e ON e.org_id = w.org_id
      WHERE w.id = $1 AND (e.xact, e.id) > (w.stream_xact, w.stream_event_id)
        AND (w.lease_expires_at IS NULL OR (e.xact, e.id) > (w.lease_xact, w.lease_event_id))
-       AND e.xact < pg_snapshot_xmin(pg_current_snapshot())
        AND ('*' = ANY (w.events) OR e.type = ANY (w.events))
      ORDER BY e.xact, e.id LIMIT ${DISABLE_KEEPS_MAX}`, [webhookId]);
   if (events.length === 0) return;
