@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe, test, type TestContext } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
@@ -497,52 +497,50 @@ describe('payments', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '2.00');
   });
 
+  /**
+   * An agent's payment of 1 USDC from a vault holding 3, with the vault's session token, made
+   * while another connection holds `change` to the vault's row uncommitted: the request reads
+   * the vault before that commit and is recorded after it. Null on PGlite (skipped).
+   */
+  async function agentPaymentBehind(context: TestContext, change: (walletId: string) => [string, unknown[]]) {
+    const other = await secondConnection(t, context);
+    if (!other) return null;
+    try {
+      const wallet = await fundedWallet(t, '3');
+      const agentKey = await t.createKey('agent');
+      const token = (await t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { body: { ttlSeconds: 600 } })).body.session_token;
+      const held = await holdLocks(other, (tx) => tx.query(...change(wallet.wallet_id)));
+      const to = await newRecipient();
+      const answer = await queuedRequest(t.service.ctx.db, held, () => t.request('POST', '/v1/payments', {
+        key: agentKey, headers: { 'session-token': token }, body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' },
+      }));
+      return { wallet, answer };
+    } finally {
+      await other.close();
+    }
+  }
+
   // Guarantee: a rotation revokes the previous token with its commit, also for a payment that
   // presented it and is being recorded (docs/wallets.md).
   test('a session token rotated while its payment waits for the vault\'s lock: the payment is refused, nothing recorded', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
-      const wallet = await fundedWallet(t, '3');
-      const agentKey = await t.createKey('agent');
-      const token = (await t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { body: { ttlSeconds: 600 } })).body.session_token;
-      // The rotation's own statement, held uncommitted: the payment's read still sees the old key,
-      // and its recording waits for the vault's row.
-      const rotation = await holdLocks(other, (tx) => tx.query(
-        'UPDATE wallets SET session_public_key = $2 WHERE id = $1', [wallet.wallet_id, newSessionAuthority().publicKey]));
-      const to = await newRecipient();
-      const refused = await queuedRequest(t.service.ctx.db, rotation, () => t.request('POST', '/v1/payments', {
-        key: agentKey, headers: { 'session-token': token }, body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' },
-      }));
-      assert.equal(refused.status, 403, JSON.stringify(refused.body));
-      assert.equal(refused.body.error.code, 'session_token_invalid');
-      assert.equal(await balanceOf(t, wallet.wallet_id), '3.00');
-      assert.equal(await countRows(t, wallet.wallet_id), 0);
-    } finally {
-      await other.close();
-    }
+    // The rotation's own statement: the payment's read still sees the old key.
+    const paid = await agentPaymentBehind(context, (walletId) => [
+      'UPDATE wallets SET session_public_key = $2 WHERE id = $1', [walletId, newSessionAuthority().publicKey]]);
+    if (!paid) return;
+    assert.equal(paid.answer.status, 403, JSON.stringify(paid.answer.body));
+    assert.equal(paid.answer.body.error.code, 'session_token_invalid');
+    assert.equal(await balanceOf(t, paid.wallet.wallet_id), '3.00');
+    assert.equal(await countRows(t, paid.wallet.wallet_id), 0);
   });
 
   test('a vault archived while an agent\'s payment waits for its lock: wallet_archived, as for any key', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
-      const wallet = await fundedWallet(t, '3');
-      const agentKey = await t.createKey('agent');
-      const token = (await t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { body: { ttlSeconds: 600 } })).body.session_token;
-      // Archiving's own statement (it also ends the session authority), held uncommitted.
-      const archiving = await holdLocks(other, (tx) => tx.query(
-        `UPDATE wallets SET status = 'archived', session_public_key = NULL, session_expires_at = NULL WHERE id = $1`, [wallet.wallet_id]));
-      const to = await newRecipient();
-      const refused = await queuedRequest(t.service.ctx.db, archiving, () => t.request('POST', '/v1/payments', {
-        key: agentKey, headers: { 'session-token': token }, body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' },
-      }));
-      assert.equal(refused.status, 422, JSON.stringify(refused.body));
-      assert.equal(refused.body.error.code, 'wallet_archived');
-      assert.equal(await countRows(t, wallet.wallet_id), 0);
-    } finally {
-      await other.close();
-    }
+    // Archiving's own statement (it also ends the session authority).
+    const paid = await agentPaymentBehind(context, (walletId) => [
+      `UPDATE wallets SET status = 'archived', session_public_key = NULL, session_expires_at = NULL WHERE id = $1`, [walletId]]);
+    if (!paid) return;
+    assert.equal(paid.answer.status, 422, JSON.stringify(paid.answer.body));
+    assert.equal(paid.answer.body.error.code, 'wallet_archived');
+    assert.equal(await countRows(t, paid.wallet.wallet_id), 0);
   });
 
   test('the preflight check answers without recording anything', async () => {

@@ -381,29 +381,37 @@ describe('webhook deliveries', () => {
     assert.equal((await deliveries(key, webhookId, `&eventId=${event}`))[0]!.status, 'delivered');
   });
 
-  test('a url changed while a batch goes slowly to the old one: the batch\'s attempts not yet started go to the new url', async () => {
-    const org = await t.createOrganization('Moving receiver');
-    const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url('/old-url'), events: ['policy.created'] } });
+  /**
+   * A new organisation's webhook on `path`, answered there after `delayMs` (the receiver's reply
+   * until the test puts the usual one back), and `count` events for it.
+   */
+  async function slowWebhook(path: string, delayMs: number, count: number): Promise<{ key: string; webhookId: string }> {
+    const org = await t.createOrganization(`Slow ${path}`);
+    const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url(path), events: ['policy.created'] } });
     assert.equal(created.status, 200, JSON.stringify(created.body));
     receiver.secret = created.body.signing_secret;
-    const webhookId = created.body.webhook_id as string;
-    receiver.reply = (request) => ({ status: request.signatureValid ? 200 : 401, delayMs: request.path === '/old-url' ? STREAM_START_WITHIN_MS + 1_000 : 0 });
+    receiver.reply = (request) => ({ status: request.signatureValid ? 200 : 401, delayMs: request.path === path ? delayMs : 0 });
+    await recordEvents(t.service.ctx.db, t.service.ctx.clock.nowMs(), Array.from({ length: count }, (_, k) => ({
+      orgId: org.orgId, type: 'policy.created' as const, summary: `Policy ${k}`, payload: { policy_id: `pol_${k}` },
+    })));
+    return { key: org.adminKey, webhookId: created.body.webhook_id as string };
+  }
+
+  test('a url changed while a batch goes slowly to the old one: the batch\'s attempts not yet started go to the new url', async () => {
+    const count = 70;
+    const { key, webhookId } = await slowWebhook('/old-url', STREAM_START_WITHIN_MS + 1_000, count);
     try {
-      const count = 70;
-      await recordEvents(t.service.ctx.db, t.service.ctx.clock.nowMs(), Array.from({ length: count }, (_, k) => ({
-        orgId: org.orgId, type: 'policy.created' as const, summary: `Policy ${k}`, payload: { policy_id: `pol_${k}` },
-      })));
       const dispatching = t.service.jobs.runOnce();
       const deadline = Date.now() + 10_000;
       while (arrivals('/old-url').length < 64) {
         assert.ok(Date.now() < deadline, `only ${arrivals('/old-url').length} attempts began`);
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
-      assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key: org.adminKey, body: { url: receiver.url('/new-url') } })).status, 200);
+      assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { url: receiver.url('/new-url') } })).status, 200);
       await dispatching;
       assert.equal(arrivals('/old-url').length, 64, 'the attempts in flight finish where they began');
       assert.equal(arrivals('/new-url').length, count - 64, 'the others follow the change');
-      const log = await deliveries(org.adminKey, webhookId);
+      const log = await deliveries(key, webhookId);
       assert.equal(log.length, count);
       assert.ok(log.every((delivery) => delivery.status === 'delivered'), JSON.stringify(log.map((d) => d.status)));
     } finally {
@@ -412,22 +420,15 @@ describe('webhook deliveries', () => {
   });
 
   test('a slow batch leaves what it cannot send within its lease to the retries, due at once', async () => {
-    const org = await t.createOrganization('Slow near the lease');
-    const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url('/lease-end'), events: ['policy.created'] } });
-    receiver.secret = created.body.signing_secret;
-    const webhookId = created.body.webhook_id as string;
-    receiver.reply = (request) => ({ status: request.signatureValid ? 200 : 401, delayMs: request.path === '/lease-end' ? STREAM_START_WITHIN_MS + 500 : 0 });
+    const count = 70;
+    const { key, webhookId } = await slowWebhook('/lease-end', STREAM_START_WITHIN_MS + 500, count);
     try {
-      const count = 70;
-      await recordEvents(t.service.ctx.db, t.service.ctx.clock.nowMs(), Array.from({ length: count }, (_, k) => ({
-        orgId: org.orgId, type: 'policy.created' as const, summary: `Policy ${k}`, payload: { policy_id: `pol_${k}` },
-      })));
       const stream = await claimStream(t.service.ctx.db, t.service.ctx.clock.nowMs(), 512);
       assert.equal(stream?.webhookId, webhookId);
       // The claim is 50 s old when its batch goes out: one round of attempts fits in its lease, not two.
       await advance(50);
       assert.equal(await sendStream(t.service.ctx as AppContext, stream!), 64, 'one round made');
-      const log = await deliveries(org.adminKey, webhookId);
+      const log = await deliveries(key, webhookId);
       assert.equal(log.filter((d) => d.status === 'delivered').length, 64);
       const deferred = log.filter((d) => d.status !== 'delivered');
       assert.equal(deferred.length, count - 64);
@@ -435,7 +436,7 @@ describe('webhook deliveries', () => {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.service.jobs.runOnce();
       assert.equal(arrivals('/lease-end').length, count, 'the rest made as retries');
-      assert.ok((await deliveries(org.adminKey, webhookId)).every((d) => d.status === 'delivered'));
+      assert.ok((await deliveries(key, webhookId)).every((d) => d.status === 'delivered'));
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
     }
