@@ -137,10 +137,10 @@ function busy(row: EscrowRow): ServiceError {
     { escrow_id: row.id, status: row.status });
 }
 
-/** The receiver as the request names it: a vault id of the organisation, or any chain address. */
 /** Where an escrow pays: a chain address, and the vault of the service it belongs to, if any. */
 interface Receiver { address: string; walletId: string | null; orgId: string | null }
 
+/** The receiver as the request names it: a vault id of the organisation, or any chain address. */
 async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): Promise<Receiver> {
   if (toWallet.startsWith('wal_')) {
     const [wallet] = await q.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, toWallet]);

@@ -183,7 +183,7 @@ export function deliveryIdOf(webhookId: string, eventId: string, eventCreatedAt:
 }
 
 /** At most this many events not yet taken by the dispatcher are kept, paused, for a webhook being disabled. */
-export const DISABLE_KEEPS_MAX = 10_000;
+const DISABLE_KEEPS_MAX = 10_000;
 
 /**
  * Changes url, subscriptions or status. Status moves pause and resume deliveries in the same
