@@ -52,13 +52,22 @@ describe('events, wallet states and automation', () => {
     assert.ok(warnings.body.data.every((e: { severity: string }) => e.severity === 'warning'), 'only warnings');
     const future = await t.request('GET', `/v1/events?from=${new Date(t.service.ctx.clock.nowMs() + 60_000).toISOString()}`);
     assert.deepEqual(future.body.data, []);
+    // "The last 90 days" as a client computes it, a moment before the service reads its clock, and
+    // anything earlier: the feed starts where it ends, 90 days back.
+    for (const days of [90, 91, 3650]) {
+      const since = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&from=${new Date(t.service.ctx.clock.nowMs() - days * 86_400_000).toISOString()}`);
+      assert.equal(since.status, 200, JSON.stringify(since.body));
+      assert.equal(since.body.data.length, 4, `${days} days back`);
+    }
     for (const [query, param] of [
-      ['type=payment.made', 'type'], [`from=${new Date(t.service.ctx.clock.nowMs() - 91 * 86_400_000).toISOString()}`, 'from'],
-      ['from=2026-01-01T00:00:00', 'from'], ['severity=loud', 'severity'],
+      ['type=payment.made', 'type'], ['from=2026-01-01T00:00:00', 'from'], ['severity=loud', 'severity'],
+      ['from=2026-04-02&to=2026-04-01', 'to'], ['from=0000-01-01', 'from'], [`to=${encodeURIComponent('9999-12-31T23:00:00-02:00')}`, 'to'],
+      ['walletId=%00', 'wallet_id'],
     ]) {
       const response = await t.request('GET', `/v1/events?${query}`);
       assert.equal(response.status, 400, query);
       assert.equal(response.body.error.code, 'invalid_request');
+      assert.equal(response.body.error.param, param, query);
     }
     const other = await t.createOrganization();
     const theirs = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}`, { key: other.adminKey });

@@ -50,7 +50,7 @@ export function eventRoutes(app: App, ctx: AppContext): void {
         type: Type.Optional(Type.String({ maxLength: 1000, description: 'an event name, or several separated by commas' })),
         walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
         severity: Type.Optional(Type.Union([Type.Literal('info'), Type.Literal('warning'), Type.Literal('critical')])),
-        from: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, inclusive; at most 90 days back' })),
+        from: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, inclusive; an earlier one starts 90 days back, where the feed ends' })),
         to: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, exclusive' })),
       }, { additionalProperties: false }),
       response: { 200: pageOf(EventView) },
@@ -61,12 +61,14 @@ export function eventRoutes(app: App, ctx: AppContext): void {
     const page = parsePageRequest(query);
     const nowMs = ctx.clock.nowMs();
     const oldest = new Date(nowMs - EVENT_RETENTION_MS);
-    const from = query.from === undefined ? oldest : parseTimeBound('from', query.from);
-    if (from < oldest) throw invalidRequest('from', `Events are kept 90 days: from must be ${oldest.toISOString()} or later.`);
+    const asked = query.from === undefined ? oldest : parseTimeBound('from', query.from);
+    // Nothing older is kept: an earlier `from` (a client's "90 days ago", read a moment before
+    // this clock) starts at the horizon rather than being refused.
+    const from = asked < oldest ? oldest : asked;
     const where = new PageFilter().where((p) => `org_id = ${p}`, orgId).where((p) => `created_at >= ${p}`, from);
     if (query.to !== undefined) {
       const to = parseTimeBound('to', query.to);
-      if (to <= from) throw invalidRequest('to', 'to must be later than from (from is inclusive, to exclusive).');
+      if (to <= asked) throw invalidRequest('to', 'to must be later than from (from is inclusive, to exclusive).');
       where.where((p) => `created_at < ${p}`, to);
     }
     if (query.type !== undefined) {

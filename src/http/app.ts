@@ -10,7 +10,7 @@ import Fastify, {
 } from 'fastify';
 import rateLimit from '@fastify/rate-limit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ERROR_CODES, ServiceError, type ErrorCode } from '../errors/errors.ts';
+import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate } from './auth.ts';
 import { ERROR_CODE_KEYWORD } from './fields.ts';
@@ -36,7 +36,16 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     requestIdHeader: false,
     // Request lines (incoming, completed) are logged, labelled with the request's id.
     logController: new LogController({ requestIdLogLabel: 'request_id', disableRequestLogging: false }),
-    return503OnClosing: true,
+    // Requests that reach a closing server are answered below, in the API's error shape.
+    return503OnClosing: false,
+    // Refused by the router before any hook runs: answered in the API's error shape all the same.
+    frameworkErrors: (error, request, reply) => {
+      reply.header('Request-Id', request.id);
+      const tooLong = error.code === 'FST_ERR_MAX_PARAM_LENGTH';
+      return sendError(ctx, new ServiceError('invalid_request',
+        tooLong ? 'A path segment is longer than any id this API has.' : 'The URL is malformed (a bad percent-encoding).', { param: 'path' }),
+      request, reply);
+    },
     ajv: {
       customOptions: {
         removeAdditional: false,
@@ -53,8 +62,15 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
 
   app.decorateRequest('principal', null);
+  let closing = false;
+  app.addHook('preClose', async () => { closing = true; });
   app.addHook('onRequest', async (request, reply) => {
     reply.header('Request-Id', request.id);
+    if (closing) {
+      // A request on a connection kept alive while the server drains: sent elsewhere by the client.
+      reply.header('Connection', 'close');
+      throw new ServiceError('service_unavailable', 'The service is shutting down; retry.');
+    }
   });
   app.addHook('onRequest', authenticate(ctx));
   app.addHook('preValidation', async (request) => {
@@ -63,6 +79,10 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     if (request.body && typeof request.body === 'object' && !Array.isArray(request.body)) {
       request.body = camelCaseKeys(request.body as Record<string, unknown>);
     }
+    // PostgreSQL stores no NUL character, in text or in JSON: refused here, with the field it is
+    // in, rather than as the database's failure (a 500) once the request has come that far.
+    const nul = nulPath(request.params, '') ?? nulPath(request.query, '') ?? nulPath(request.body, '');
+    if (nul !== null) throw invalidRequest(nul || 'body', `"${nul || 'body'}" contains a NUL character (\\u0000), which is not allowed.`);
   });
 
   await app.register(rateLimit, {
@@ -156,11 +176,23 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
       break;
   }
   if (fastifyError.statusCode === 429) return new ServiceError('rate_limited', fastifyError.message);
-  if (fastifyError.statusCode === 503) return new ServiceError('service_unavailable', 'The service is shutting down; retry.');
   if (fastifyError.statusCode && fastifyError.statusCode >= 400 && fastifyError.statusCode < 500) {
     return new ServiceError('invalid_request', 'The request is malformed.', { param: 'body' });
   }
   return new ServiceError('internal_error', 'An internal error occurred.');
+}
+
+/** The path (`a.0.b`, keys in snake_case) of the first string or key holding U+0000 in `value`; null when none does. */
+function nulPath(value: unknown, path: string): string | null {
+  if (typeof value === 'string') return value.includes('\u0000') ? path : null;
+  if (!value || typeof value !== 'object') return null;
+  for (const [key, item] of Object.entries(value)) {
+    const at = path ? `${path}.${toSnakeCase(key)}` : toSnakeCase(key);
+    if (key.includes('\u0000')) return path || 'body';
+    const found = nulPath(item, at);
+    if (found !== null) return found;
+  }
+  return null;
 }
 
 export function toSnakeCase(name: string): string {

@@ -32,6 +32,41 @@ describe('HTTP foundation', () => {
     assert.equal(response.body.error.code, 'not_found');
   });
 
+  test('a URL the router refuses (bad percent-encoding, an overlong id) is 400 in the same shape', async () => {
+    for (const path of ['/v1/payments/%zz', `/v1/payments/tx_${'x'.repeat(120)}`]) {
+      const response = await t.request('GET', path);
+      assert.equal(response.status, 400, `${path}: ${JSON.stringify(response.body)}`);
+      assert.equal(response.body.error.code, 'invalid_request');
+      assert.equal(response.body.error.param, 'path');
+      assert.equal(response.body.error.request_id, response.headers['request-id']);
+    }
+  });
+
+  test('a NUL character anywhere in a request is 400 naming where, before anything is read or written', async () => {
+    const cases: Array<[string, string, Record<string, unknown> | undefined, string]> = [
+      ['GET', '/v1/wallets/wal%00', undefined, 'wallet_id'],
+      ['GET', '/v1/transactions?recipient=a%00', undefined, 'recipient'],
+      ['POST', '/v1/recipients', { domain: 'nul.example', address: 'x', label: 'a\u0000' }, 'label'],
+      ['POST', '/v1/wallets/fund-batch', { allocations: [{ walletId: 'wal\u0000', amount: '1' }] }, 'allocations.0.wallet_id'],
+    ];
+    for (const [method, path, body, param] of cases) {
+      const response = await t.request(method, path, body ? { body } : {});
+      assert.equal(response.status, 400, `${path}: ${JSON.stringify(response.body)}`);
+      assert.equal(response.body.error.code, 'invalid_request');
+      assert.equal(response.body.error.param, param, path);
+    }
+  });
+
+  test('a request reaching a closing server is 503 service_unavailable in the same shape', async () => {
+    const closing = await startTestService();
+    const closed = closing.close();
+    const response = await closing.request('GET', '/v1/organization');
+    await closed;
+    assert.equal(response.status, 503, JSON.stringify(response.body));
+    assert.equal(response.body.error.code, 'service_unavailable');
+    assert.equal(response.body.error.request_id, response.headers['request-id']);
+  });
+
   test('a wrong or revoked key is 401; a syntactically odd one never reaches the database', async () => {
     for (const key of ['av_admin_wrongwrongwrongwrongwrongwrong00', 'short', 'x'.repeat(300)]) {
       const response = await t.request('GET', '/v1/organization', { key });

@@ -43,13 +43,15 @@ export function parsePageRequest(query: { limit?: string; cursor?: string }): Pa
  * The last millisecond of the year 9999: a later instant is written with a sign and six year
  * digits (`+010000-…`), which PGlite refuses.
  */
-const DATE_MS_MAX = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
+export const DATE_MS_MAX = Date.UTC(9999, 11, 31, 23, 59, 59, 999);
+/** The first millisecond of the year 1: PostgreSQL has no year 0 (`0000-…` is refused). */
+export const DATE_MS_MIN = new Date(0).setUTCFullYear(1, 0, 1);
 
 function decodeCursor(cursor: string): { createdAt: Date; id: string } {
   try {
     const [ms, id] = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8')) as [unknown, unknown];
     // An instant every row's created_at can be: from 1970 to the end of the year 9999.
-    if (typeof ms === 'number' && Number.isSafeInteger(ms) && ms >= 0 && ms <= DATE_MS_MAX && typeof id === 'string' && id.length <= 64) {
+    if (typeof ms === 'number' && Number.isSafeInteger(ms) && ms >= 0 && ms <= DATE_MS_MAX && typeof id === 'string' && id.length <= 64 && !id.includes('\u0000')) {
       return { createdAt: new Date(ms), id };
     }
   } catch {

@@ -245,6 +245,8 @@ describe('payments', () => {
       [wallet.wallet_id, { to: 'x'.repeat(254) }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { to: ['a'] }, 400, 'invalid_recipient'],
       [wallet.wallet_id, { memo: 5 }, 400, 'invalid_request'],
+      // PostgreSQL stores no NUL: refused as input, not failed as a 500 when the row is written.
+      [wallet.wallet_id, { memo: 'a\u0000b' }, 400, 'invalid_request'],
       [wallet.wallet_id, { amount: '5.000001' }, 422, 'wallet_insufficient_balance'],
       [frozen.wallet_id, {}, 422, 'wallet_frozen'],
       ['wal_missing', {}, 404, 'wallet_not_found'],

@@ -7,7 +7,7 @@ import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { PageQuery, pageOf, parsePageRequest, toPage, type PageRequest } from '../http/pagination.ts';
+import { DATE_MS_MAX, DATE_MS_MIN, PageQuery, pageOf, parsePageRequest, toPage, type PageRequest } from '../http/pagination.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
 import { settleKnownOutcomes, settlePendingOf, type TransactionStatus, type TransactionType } from './settlement.ts';
 import {
@@ -66,6 +66,7 @@ export function parseTimeBound(param: 'from' | 'to', raw: string): Date {
   }
   const fractionMs = fraction ? Math.ceil(Number(`0.${fraction}`) * 1000 - 1e-9) : 0;
   const ms = date.getTime() + ((Number(hour) * 60 + Number(minute) - offsetMinutes) * 60 + Number(second)) * 1000 + fractionMs;
+  if (ms < DATE_MS_MIN || ms > DATE_MS_MAX) throw invalidRequest(param, `${param} must be from the year 0001 to the year 9999 (UTC).`);
   return new Date(ms);
 }
 

@@ -181,7 +181,11 @@ describe('transaction index', () => {
     assert.equal(parseTimeBound('from', '2026-04-01T10:00:00 02:00').toISOString(), '2026-04-01T08:00:00.000Z');
     assert.equal(parseTimeBound('to', '2026-04-01T10:00:00.123Z').toISOString(), '2026-04-01T10:00:00.123Z');
     assert.equal(parseTimeBound('to', '2026-04-01T10:00:00.1234Z').toISOString(), '2026-04-01T10:00:00.124Z');
-    for (const bad of ['2026-04-01T10:00:00', '2026-02-30', '2026-13-01', '2026-04-01T24:00:00Z', 'yesterday', '1711900000', '2026-04-01T10:00:00+25:00']) {
+    // The years PostgreSQL stores: none before 0001, none after 9999 once the offset is applied.
+    assert.equal(parseTimeBound('from', '0001-01-01').toISOString(), '0001-01-01T00:00:00.000Z');
+    assert.equal(parseTimeBound('to', '9999-12-31T23:59:59.999Z').toISOString(), '9999-12-31T23:59:59.999Z');
+    for (const bad of ['2026-04-01T10:00:00', '2026-02-30', '2026-13-01', '2026-04-01T24:00:00Z', 'yesterday', '1711900000', '2026-04-01T10:00:00+25:00',
+      '0000-01-01', '0001-01-01T00:00:00+00:01', '9999-12-31T23:00:00-02:00']) {
       assert.throws(() => parseTimeBound('from', bad), (error: any) => error.code === 'invalid_request' && error.details.param === 'from', bad);
     }
   });
@@ -303,6 +307,10 @@ describe('transaction index', () => {
       // Well-formed cursors whose instant no timestamp holds (past JavaScript's dates, before PostgreSQL's, past the year 9999).
       ...[9_007_199_254_740_991, -8_640_000_000_000_000, Date.UTC(10_000, 0, 1)].map((ms): [string, string] =>
         [`cursor=${Buffer.from(JSON.stringify([ms, 'tx_x'])).toString('base64url')}`, 'cursor']),
+      // Instants PostgreSQL has no timestamp for, and NUL characters, which it stores nowhere.
+      ['from=0000-01-01', 'from'], [`to=${encodeURIComponent('9999-12-31T23:00:00-02:00')}`, 'to'],
+      ['recipient=%00', 'recipient'], ['walletId=wal%00x', 'wallet_id'],
+      [`cursor=${Buffer.from(JSON.stringify([Date.UTC(2026, 0, 1), 'tx_\u0000'])).toString('base64url')}`, 'cursor'],
     ];
     for (const [query, param] of cases) {
       const response = await t.request('GET', `/v1/transactions?${query}`);
@@ -313,6 +321,14 @@ describe('transaction index', () => {
     const walletList = await t.request('GET', `/v1/wallets/${walletA.wallet_id}/transactions?limit=101`);
     assert.equal(walletList.status, 400);
     assert.equal(walletList.body.error.param, 'limit');
+    const walletTo = await t.request('GET', `/v1/wallets/${walletA.wallet_id}/transactions?to=${encodeURIComponent('9999-12-31T23:00:00-02:00')}`);
+    assert.equal(walletTo.status, 400, JSON.stringify(walletTo.body));
+    assert.equal(walletTo.body.error.param, 'to');
+    for (const path of ['/v1/transactions/tx%00', '/v1/payments/tx%00']) {
+      const byId = await t.request('GET', path);
+      assert.equal(byId.status, 400, `${path}: ${JSON.stringify(byId.body)}`);
+      assert.equal(byId.body.error.code, 'invalid_request');
+    }
   });
 
   test('another organisation\'s transactions answer exactly like missing ones and are never listed', async () => {
