@@ -72,6 +72,31 @@ describe('idempotency keys', () => {
     assert.deepEqual(taken, { status: 200, body: { second: true }, replayed: false });
   });
 
+  test('a first request that resumes after a retry took its key over records nothing and answers for nothing', async () => {
+    const key = newKey();
+    const db = t.service.ctx.db;
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => { release = resolve; });
+    // Held up past its lease (a chain call that took a minute), then recording its work.
+    const first = runIdempotent(db, op(key, 300_000), async (mark) => {
+      await gate;
+      await db.transaction(async (tx) => { await mark(tx, 'tx_first'); });
+      return { status: 200, body: { first: true } };
+    });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    const second = await runIdempotent(db, op(key, 300_000 + IDEMPOTENCY_LEASE_MS), async (mark) => {
+      await db.transaction(async (tx) => { await mark(tx, 'tx_second'); });
+      return { status: 200, body: { second: true } };
+    });
+    assert.deepEqual(second, { status: 200, body: { second: true }, replayed: false });
+    release();
+    await assert.rejects(first, (error: ServiceError) => error.code === 'idempotency_conflict' && /took the key over/.test(error.message));
+    const replay = await runIdempotent(db, op(key, 300_000 + IDEMPOTENCY_LEASE_MS + 1), async () => ({ status: 500, body: {} }));
+    assert.deepEqual(replay, { status: 200, body: { second: true }, replayed: true });
+    const [row] = await db.query<{ resource_id: string }>('SELECT resource_id FROM idempotency_keys WHERE org_id = $1 AND key = $2', [t.orgId, key]);
+    assert.equal(row!.resource_id, 'tx_second', 'the first request\'s record was rolled back with its mark');
+  });
+
   test('a recorded first request without a way to recover it keeps refusing the key', async () => {
     const key = newKey();
     await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 200_000), async (mark) => {

@@ -10,7 +10,7 @@
  * database transaction, so a retry after a crash answers with that record instead of running
  * the work twice.
  */
-import { createHash } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import type { FastifyReply } from 'fastify';
 import { inBatches } from '../db/batches.ts';
 import type { Database, Queryable } from '../db/database.ts';
@@ -74,8 +74,8 @@ export interface IdempotentOperation {
 export const IDEMPOTENCY_LEASE_MS = 60_000;
 
 type Claim =
-  | { mode: 'run' }
-  | { mode: 'recover'; resourceId: string }
+  | { mode: 'run'; holder: string }
+  | { mode: 'recover'; holder: string; resourceId: string }
   | { mode: 'replay'; status: number; body: unknown }
   | { mode: 'conflict'; message: string };
 
@@ -91,14 +91,15 @@ interface KeyRow {
 async function claimKey(db: Database, op: IdempotentOperation & { key: string }, hash: string): Promise<Claim> {
   const now = new Date(op.nowMs);
   const leaseUntil = new Date(op.nowMs + IDEMPOTENCY_LEASE_MS);
+  const holder = randomUUID();
   return db.transaction(async (tx) => {
     // An expired key is forgotten first, so it can be used again.
     await tx.query('DELETE FROM idempotency_keys WHERE org_id = $1 AND key = $2 AND expires_at <= $3', [op.orgId, op.key, now]);
     const inserted = await tx.query(
-      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until)
-       VALUES ($1, $2, $3, 'running', $4, $5, $6) ON CONFLICT (org_id, key) DO NOTHING RETURNING key`,
-      [op.orgId, op.key, hash, now, new Date(op.nowMs + IDEMPOTENCY_TTL_MS), leaseUntil]);
-    if (inserted.length) return { mode: 'run' };
+      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until, lease_holder)
+       VALUES ($1, $2, $3, 'running', $4, $5, $6, $7) ON CONFLICT (org_id, key) DO NOTHING RETURNING key`,
+      [op.orgId, op.key, hash, now, new Date(op.nowMs + IDEMPOTENCY_TTL_MS), leaseUntil, holder]);
+    if (inserted.length) return { mode: 'run', holder };
     const [row] = await tx.query<KeyRow>(
       `SELECT request_hash, state, response_status, response_body, lease_until, resource_id
        FROM idempotency_keys WHERE org_id = $1 AND key = $2 FOR UPDATE`, [op.orgId, op.key]);
@@ -110,11 +111,13 @@ async function claimKey(db: Database, op: IdempotentOperation & { key: string },
     if (row.lease_until !== null && row.lease_until.getTime() > op.nowMs) {
       return { mode: 'conflict', message: 'A request with this idempotency key is still being processed; retry shortly.' };
     }
-    // The first request stopped without answering: this one takes the key over.
-    await tx.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2', [op.orgId, op.key, leaseUntil]);
-    if (row.resource_id === null) return { mode: 'run' };
+    // The first request stopped without answering (or is still running, past its lease): this
+    // one takes the key over, and the first can no longer write to it.
+    await tx.query('UPDATE idempotency_keys SET lease_until = $3, lease_holder = $4 WHERE org_id = $1 AND key = $2',
+      [op.orgId, op.key, leaseUntil, holder]);
+    if (row.resource_id === null) return { mode: 'run', holder };
     if (!op.recover) return { mode: 'conflict', message: 'The first request with this idempotency key did not finish; use a new key.' };
-    return { mode: 'recover', resourceId: row.resource_id };
+    return { mode: 'recover', holder, resourceId: row.resource_id };
   });
 }
 
@@ -144,24 +147,31 @@ export async function runIdempotent(
     return { status: claim.status, body: claim.body, replayed: true };
   }
 
+  const { holder } = claim;
   const mark: RecordMarker = async (tx, resourceId) => {
-    await tx.query('UPDATE idempotency_keys SET resource_id = $3 WHERE org_id = $1 AND key = $2', [op.orgId, key, resourceId]);
+    // In the transaction that records: a request whose key a retry took over (its lease ran out
+    // while it waited, on the chain say) records nothing, so the key's work is done once.
+    const marked = await tx.query(
+      'UPDATE idempotency_keys SET resource_id = $3 WHERE org_id = $1 AND key = $2 AND lease_holder = $4 RETURNING key',
+      [op.orgId, key, resourceId, holder]);
+    if (!marked.length) throw new LeaseLostError();
   };
   let outcome: { status: number; body: unknown };
   try {
     outcome = claim.mode === 'recover' ? await op.recover!(claim.resourceId) : await work(mark);
   } catch (error) {
-    if (error instanceof ServiceError && error.status < 500 && error.status !== 429) {
+    if (error instanceof ServiceError && error.status < 500 && error.status !== 429 && !(error instanceof LeaseLostError)) {
       outcome = { status: error.status, body: { error: { code: error.code, message: error.message, ...error.details } } };
-      await finish(db, op.orgId, key, outcome);
+      await finish(db, op.orgId, key, holder, outcome);
       throw error;
     }
     // An answer a retry may change (5xx, 429): the lease ends now, so the retry takes the key
     // over at once and answers with what was recorded, or runs again if nothing was.
-    await db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2', [op.orgId, key, new Date(op.nowMs)]);
+    await db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2 AND lease_holder = $4',
+      [op.orgId, key, new Date(op.nowMs), holder]);
     throw error;
   }
-  await finish(db, op.orgId, key, outcome);
+  await finish(db, op.orgId, key, holder, outcome);
   return { ...outcome, replayed: false };
 }
 
@@ -179,10 +189,18 @@ export async function purgeExpiredKeys(db: Database, nowMs: number, batch = 1_00
      SELECT count(*)::int AS n FROM gone`, [new Date(nowMs), size]))[0]!.n, { batch, budgetMs: PURGE_RUN_MS });
 }
 
-async function finish(db: Database, orgId: string, key: string, outcome: { status: number; body: unknown }): Promise<void> {
+/** The key's answer, kept for replays: only while this request holds its lease (a retry that took it over answers for it). */
+async function finish(db: Database, orgId: string, key: string, holder: string, outcome: { status: number; body: unknown }): Promise<void> {
   await db.query(
-    `UPDATE idempotency_keys SET state = 'done', response_status = $3, response_body = $4 WHERE org_id = $1 AND key = $2`,
-    [orgId, key, outcome.status, JSON.stringify(outcome.body, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v))]);
+    `UPDATE idempotency_keys SET state = 'done', response_status = $3, response_body = $4 WHERE org_id = $1 AND key = $2 AND lease_holder = $5`,
+    [orgId, key, outcome.status, JSON.stringify(outcome.body, (_k, v: unknown) => (typeof v === 'bigint' ? v.toString() : v)), holder]);
+}
+
+/** A request whose idempotency key a retry took over (its lease ran out): it records nothing. */
+export class LeaseLostError extends ServiceError {
+  constructor() {
+    super('idempotency_conflict', 'This request ran past its idempotency key\'s lease and a retry took the key over; that retry answers for it.');
+  }
 }
 
 /** Sends an idempotent outcome, marking a replay with `Idempotency-Replayed: true`. */
