@@ -3,13 +3,16 @@
  * service performs, end to end, with balances read back from the chain.
  */
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
-import { generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
+import { createSolanaRpc, generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
+import type { ServiceError } from '../errors/errors.ts';
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from '../validator/in-process.ts';
 import { LocalValidator } from '../validator/validator.ts';
 import type { PublishedStatus } from '../validator/validator.ts';
-import { ChainClient, ConfirmationTimeoutError } from './client.ts';
+import { ChainClient, ConfirmationTimeoutError, referenceMemoIx } from './client.ts';
 import { NO_LIMIT } from './program.ts';
 
 const ORG = 'org_client_test';
@@ -232,5 +235,36 @@ describe('chain client, statuses as a cluster gives them', () => {
     assert.equal(fromPush.slot, 9n);
     assert.equal(fromPush.err!.name, fromAsk.err!.name);
     assert.equal(fromAsk.err!.name, '{"InsufficientFundsForRent":{"account_index":"2"}}');
+  });
+});
+
+describe('chain client, a cluster that does not answer', () => {
+  // A real HTTP endpoint that takes every request and never answers: what a hung RPC node is.
+  const silent = createServer(() => {});
+  let url: string;
+  before(async () => {
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    url = `http://127.0.0.1:${(silent.address() as AddressInfo).port}`;
+  });
+  after(async () => {
+    silent.closeAllConnections();
+    await new Promise((resolve) => silent.close(resolve));
+  });
+
+  test('each call fails as service_unavailable within its timeout, and a wait for an outcome ends on time', async () => {
+    const chain = new ChainClient({
+      rpc: createSolanaRpc(url), programId: (await generateKeyPairSigner()).address, usdcMint: (await generateKeyPairSigner()).address,
+      operator: await generateKeyPairSigner(), arbiter: await generateKeyPairSigner(), pollIntervalMs: 10, callTimeoutMs: 200,
+    });
+    const startedMs = Date.now();
+    await assert.rejects(chain.prepare([referenceMemoIx('tx_silent')]),
+      (error: ServiceError) => error.code === 'service_unavailable' && /getLatestBlockhash within 200 ms/.test(error.message));
+    await assert.rejects(chain.getBlockHeight(), (error: ServiceError) => error.code === 'service_unavailable');
+    // The poll asking for its status hangs too: the wait ends at its own deadline all the same.
+    const signature = (await generateKeyPairSigner()).address as never;
+    const waitStartedMs = Date.now();
+    await assert.rejects(chain.waitForOutcome(signature, 50), ConfirmationTimeoutError);
+    assert.ok(Date.now() - waitStartedMs < 150, `the wait ended ${Date.now() - waitStartedMs} ms after it began`);
+    assert.ok(Date.now() - startedMs < 2_000, 'nothing waited for fetch\'s own limit');
   });
 });

@@ -24,6 +24,7 @@ import {
   type Signature,
   type SolanaRpcApi,
 } from '@solana/kit';
+import { ServiceError } from '../errors/errors.ts';
 import type { PublishedStatus } from '../validator/validator.ts';
 import * as program from './program.ts';
 import { FastSigner } from './signing.ts';
@@ -67,6 +68,20 @@ export interface TransactionOutcome {
   slot: bigint;
   err: ChainError | null;
 }
+
+/**
+ * A call to the chain that did not answer within its time: the chain is a dependency that is
+ * down, answered 503 `service_unavailable`, not a request held for minutes (fetch's own limit is
+ * 300 s, past an idempotency key's lease).
+ */
+export class ChainUnavailableError extends ServiceError {
+  constructor(method: string, timeoutMs: number) {
+    super('service_unavailable', `The chain did not answer ${method} within ${timeoutMs} ms; retry (with the same idempotency key).`);
+  }
+}
+
+/** Every RPC call of the client ends within this by default (ChainClientOptions.callTimeoutMs). */
+export const RPC_CALL_TIMEOUT_MS = 10_000;
 
 export class ConfirmationTimeoutError extends Error {
   constructor(readonly signature: Signature, timeoutMs: number) {
@@ -116,6 +131,8 @@ export interface ChainClientOptions {
   pollIntervalMs?: number;
   /** how long a fetched blockhash is reused (default 5 s; clusters accept ~60 s) */
   blockhashMaxAgeMs?: number;
+  /** each RPC call fails with ChainUnavailableError after this long (default RPC_CALL_TIMEOUT_MS) */
+  callTimeoutMs?: number;
   /**
    * the chain runs inside this process (the embedded validator): a transaction it took but has
    * not yet persisted is lost with the process all the same, so waiting for it to be taken
@@ -133,8 +150,6 @@ export interface ChainClientOptions {
 interface Waiter {
   resolve(outcome: TransactionOutcome): void;
   reject(error: Error): void;
-  deadlineMs: number;
-  timeoutMs: number;
 }
 
 /** JSON-RPC caps getSignatureStatuses at 256 signatures per call. */
@@ -160,6 +175,7 @@ export class ChainClient {
   readonly embedded: boolean;
   readonly #pollIntervalMs: number;
   readonly #blockhashMaxAgeMs: number;
+  readonly #callTimeoutMs: number;
   #blockhash: { value: { blockhash: Blockhash; lastValidBlockHeight: bigint }; fetchedAtMs: number } | null = null;
   #blockhashInFlight: Promise<{ blockhash: Blockhash; lastValidBlockHeight: bigint }> | null = null;
   readonly #pdas = new Map<string, Promise<program.Pda>>();
@@ -180,6 +196,7 @@ export class ChainClient {
     this.embedded = options.embedded ?? false;
     this.#pollIntervalMs = options.pollIntervalMs ?? 100;
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
+    this.#callTimeoutMs = options.callTimeoutMs ?? RPC_CALL_TIMEOUT_MS;
     this.#signer = new FastSigner([this.operator, this.arbiter]);
     options.onPublished?.((statuses) => this.#resolvePublished(statuses));
   }
@@ -346,7 +363,7 @@ export class ChainClient {
     const cached = this.#blockhash;
     if (cached && Date.now() - cached.fetchedAtMs < this.#blockhashMaxAgeMs) return cached.value;
     if (!this.#blockhashInFlight) {
-      this.#blockhashInFlight = this.rpc.getLatestBlockhash({ commitment: 'confirmed' }).send()
+      this.#blockhashInFlight = this.#call('getLatestBlockhash', this.rpc.getLatestBlockhash({ commitment: 'confirmed' }))
         .then(({ value }) => {
           this.#blockhash = { value, fetchedAtMs: Date.now() };
           return value;
@@ -403,7 +420,7 @@ export class ChainClient {
    * signature at most once.
    */
   async submit(prepared: PreparedTransaction): Promise<void> {
-    await this.rpc.sendTransaction(prepared.wire, { encoding: 'base64', skipPreflight: true, maxRetries: 0n }).send();
+    await this.#call('sendTransaction', this.rpc.sendTransaction(prepared.wire, { encoding: 'base64', skipPreflight: true, maxRetries: 0n }));
   }
 
   /** prepare + submit + wait for the outcome. */
@@ -413,15 +430,46 @@ export class ChainClient {
     return this.waitForOutcome(prepared.signature, timeoutMs);
   }
 
-  /** Resolves once the chain has executed the transaction, successfully or not. */
+  /**
+   * Resolves once the chain has executed the transaction, successfully or not; rejects with
+   * ConfirmationTimeoutError after `timeoutMs`, whether or not a poll is still waiting for the chain.
+   */
   waitForOutcome(signature: Signature, timeoutMs = 30_000): Promise<TransactionOutcome> {
     return new Promise<TransactionOutcome>((resolve, reject) => {
-      const waiter = { resolve, reject, deadlineMs: Date.now() + timeoutMs, timeoutMs };
+      const waiter: Waiter = {
+        resolve: (outcome) => { clearTimeout(timer); resolve(outcome); },
+        reject,
+      };
+      const timer = setTimeout(() => {
+        const remaining = (this.#waiters.get(signature) ?? []).filter((other) => other !== waiter);
+        if (remaining.length) this.#waiters.set(signature, remaining);
+        else this.#waiters.delete(signature);
+        reject(new ConfirmationTimeoutError(signature, timeoutMs));
+      }, timeoutMs);
       const list = this.#waiters.get(signature);
       if (list) list.push(waiter);
       else this.#waiters.set(signature, [waiter]);
       this.#schedulePoll();
     });
+  }
+
+  /** One RPC call, failed with ChainUnavailableError (and its HTTP request aborted) past the call timeout. */
+  async #call<T>(method: string, request: { send(options?: { abortSignal?: AbortSignal }): Promise<T> }): Promise<T> {
+    const abort = new AbortController();
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      return await Promise.race([
+        request.send({ abortSignal: abort.signal }),
+        new Promise<never>((_resolve, reject) => {
+          timer = setTimeout(() => {
+            abort.abort();
+            reject(new ChainUnavailableError(method, this.#callTimeoutMs));
+          }, this.#callTimeoutMs);
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   #resolvePublished(statuses: readonly PublishedStatus[]): void {
@@ -455,9 +503,9 @@ export class ChainClient {
         const batch = signatures.slice(start, start + STATUS_BATCH_MAX);
         let statuses;
         try {
-          ({ value: statuses } = await this.rpc.getSignatureStatuses(batch).send());
+          ({ value: statuses } = await this.#call('getSignatureStatuses', this.rpc.getSignatureStatuses(batch)));
         } catch {
-          continue; // a transient RPC failure: deadlines below still apply, and the next poll retries
+          continue; // a transient RPC failure: waiters keep their own deadlines, and the next poll retries
         }
         batch.forEach((signature, i) => {
           const status = statuses[i];
@@ -470,16 +518,6 @@ export class ChainClient {
           for (const waiter of this.#waiters.get(signature) ?? []) waiter.resolve(outcome);
           this.#waiters.delete(signature);
         });
-      }
-      const nowMs = Date.now();
-      for (const [signature, list] of this.#waiters) {
-        const remaining = list.filter((waiter) => {
-          if (waiter.deadlineMs > nowMs) return true;
-          waiter.reject(new ConfirmationTimeoutError(signature, waiter.timeoutMs));
-          return false;
-        });
-        if (remaining.length) this.#waiters.set(signature, remaining);
-        else this.#waiters.delete(signature);
       }
     } finally {
       this.#polling = false;
@@ -498,7 +536,7 @@ export class ChainClient {
    */
   async getOutcomes(signatures: readonly Signature[]): Promise<Array<TransactionOutcome | null>> {
     if (signatures.length > STATUS_BATCH_MAX) throw new Error(`at most ${STATUS_BATCH_MAX} signatures per call`);
-    const { value } = await this.rpc.getSignatureStatuses(signatures, { searchTransactionHistory: true }).send();
+    const { value } = await this.#call('getSignatureStatuses', this.rpc.getSignatureStatuses(signatures, { searchTransactionHistory: true }));
     return signatures.map((signature, i) => {
       const status = value[i];
       if (!status || status.confirmationStatus === 'processed') return null;
@@ -507,14 +545,14 @@ export class ChainClient {
   }
 
   async getBlockHeight(): Promise<bigint> {
-    return this.rpc.getBlockHeight({ commitment: 'confirmed' }).send();
+    return this.#call('getBlockHeight', this.rpc.getBlockHeight({ commitment: 'confirmed' }));
   }
 
   // -------------------------------------------------------------------------------------------
   // Reads
 
   async getAccountData(account: Address): Promise<Uint8Array | null> {
-    const { value } = await this.rpc.getAccountInfo(account, { encoding: 'base64', commitment: 'confirmed' }).send();
+    const { value } = await this.#call('getAccountInfo', this.rpc.getAccountInfo(account, { encoding: 'base64', commitment: 'confirmed' }));
     if (!value) return null;
     return new Uint8Array(Buffer.from(value.data[0], 'base64'));
   }

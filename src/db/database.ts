@@ -115,6 +115,12 @@ class PostgresDatabase implements Database {
 
   async transaction<T>(work: (tx: Transaction) => Promise<T>): Promise<T> {
     const client = await this.#pool.connect();
+    // A checked-out client whose connection is lost (a failover, a terminated backend) emits
+    // 'error', which would otherwise end the process; its statements fail on their own. It is
+    // then destroyed, not given back to the pool.
+    let broken: Error | undefined;
+    const onError = (error: Error): void => { broken ??= error; };
+    client.on('error', onError);
     // The first statement goes out right behind BEGIN, without waiting for its answer (in the
     // same write when the work issues it at once). BEGIN on a connection out of the pool fails
     // only when the connection does, and then so does every statement behind it; each statement
@@ -147,10 +153,11 @@ class PostgresDatabase implements Database {
       await client.query('COMMIT');
       return result;
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => {});
+      await client.query('ROLLBACK').catch((rollbackError: Error) => { broken ??= rollbackError; });
       throw error;
     } finally {
-      client.release();
+      client.off('error', onError);
+      client.release(broken);
     }
   }
 

@@ -9,6 +9,7 @@ import Fastify, {
   type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerDefault,
 } from 'fastify';
 import rateLimit from '@fastify/rate-limit';
+import { SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
@@ -108,7 +109,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   app.get('/healthz', { schema: { hide: true } }, async (_request, reply) => {
     try {
       await ctx.db.query('SELECT 1');
-      await ctx.chain.rpc.getSlot().send();
+      await ctx.chain.getBlockHeight();
     } catch {
       return reply.code(503).send({ status: 'unavailable' });
     }
@@ -176,10 +177,34 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
       break;
   }
   if (fastifyError.statusCode === 429) return new ServiceError('rate_limited', fastifyError.message);
+  if (dependencyDown(error)) {
+    return new ServiceError('service_unavailable', 'The database or the chain is not answering; retry (with the same idempotency key).');
+  }
   if (fastifyError.statusCode && fastifyError.statusCode >= 400 && fastifyError.statusCode < 500) {
     return new ServiceError('invalid_request', 'The request is malformed.', { param: 'body' });
   }
   return new ServiceError('internal_error', 'An internal error occurred.');
+}
+
+/** Network failures of a connection (to PostgreSQL, to an RPC node). */
+const NETWORK_ERROR_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
+/** PostgreSQL's: terminated by an administrator, crash, starting up or shutting down, too many connections. */
+const POSTGRES_DOWN_CODES = new Set(['57P01', '57P02', '57P03', '53300']);
+/** node-postgres' own errors for a connection lost or never made. */
+const POSTGRES_CONNECTION_MESSAGE = /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error)/;
+
+/**
+ * Whether an error says that the database or the chain is down or unreachable (the error, or one
+ * of its causes): the request may succeed when retried, so it is 503, not 500.
+ */
+function dependencyDown(error: unknown, depth = 0): boolean {
+  if (!error || typeof error !== 'object' || depth > 4) return false;
+  const { code, message, name, cause } = error as { code?: unknown; message?: unknown; name?: unknown; cause?: unknown };
+  if (typeof code === 'string' && (NETWORK_ERROR_CODES.has(code) || POSTGRES_DOWN_CODES.has(code) || code.startsWith('08'))) return true;
+  if (typeof message === 'string' && POSTGRES_CONNECTION_MESSAGE.test(message)) return true;
+  // The embedded validator's thread stopped; an RPC node answered with an HTTP error.
+  if (name === 'ValidatorThreadError' || isSolanaError(error, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR)) return true;
+  return dependencyDown(cause, depth + 1);
 }
 
 /** The path (`a.0.b`, keys in snake_case) of the first string or key holding U+0000 in `value`; null when none does. */

@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
 
 describe('HTTP foundation', () => {
   let t: TestService;
@@ -65,6 +66,27 @@ describe('HTTP foundation', () => {
     assert.equal(response.status, 503, JSON.stringify(response.body));
     assert.equal(response.body.error.code, 'service_unavailable');
     assert.equal(response.body.error.request_id, response.headers['request-id']);
+  });
+
+  test('a database connection lost under a request is 503 service_unavailable, and the next request is served', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const created = await t.request('POST', '/v1/wallets', { body: { agentId: `lost-${process.pid}`, label: 'Before', policyId: 'pol_moderate' } });
+      assert.equal(created.status, 200, JSON.stringify(created.body));
+      const walletId = created.body.wallet_id as string;
+      // The rename waits for the vault's lock; its backend is then terminated, as a failover would.
+      const held = await holdLocks(other, (tx) => tx.query('SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE', [walletId]));
+      const renamed = await queuedRequest(t.service.ctx.db, held, () => t.request('PATCH', `/v1/wallets/${walletId}`, { body: { label: 'After' } }),
+        () => other.query('SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))', [held.pid]));
+      assert.equal(renamed.status, 503, JSON.stringify(renamed.body));
+      assert.equal(renamed.body.error.code, 'service_unavailable');
+      const read = await t.request('GET', `/v1/wallets/${walletId}`);
+      assert.equal(read.status, 200);
+      assert.equal(read.body.label, 'Before', 'nothing of the failed request was written');
+    } finally {
+      await other.close();
+    }
   });
 
   test('a wrong or revoked key is 401; a syntactically odd one never reaches the database', async () => {
