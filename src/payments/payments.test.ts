@@ -408,6 +408,29 @@ describe('payments', () => {
     await assertVaultConsistent(t, wallet.wallet_id, 20_000_000n);
   });
 
+  test('a rejection names the threshold the payment waited on, though the policy changed; one after its expiry finds it expired', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '3' });
+    const wallet = await fundedWallet(t, '20', policyId);
+    const to = await newRecipient();
+    const waiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '5', currency: 'USDC' } });
+    assert.equal(waiting.body.approval.status, 'awaiting');
+    for (const requireCoSign of ['10', null]) {
+      assert.equal((await t.request('PATCH', `/v1/policies/${policyId}`, { body: { requireCoSign } })).status, 200);
+    }
+    const rejected = await t.request('POST', `/v1/payments/${waiting.body.tx_id}/reject`);
+    assert.equal(rejected.status, 200, JSON.stringify(rejected.body));
+    assert.deepEqual(rejected.body.violation, { rule: 'require_co_sign', limit: '3.00', attempted: '5.00' });
+    assert.equal((await t.request('PATCH', `/v1/policies/${policyId}`, { body: { requireCoSign: '3' } })).status, 200);
+    const late = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '4', currency: 'USDC' } });
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 24 * 3600 + 1 } });
+    const tooLate = await t.request('POST', `/v1/payments/${late.body.tx_id}/reject`, { key: await t.createKey('operator') });
+    assert.equal(tooLate.status, 200, JSON.stringify(tooLate.body));
+    assert.equal(tooLate.body.status, 'blocked');
+    assert.equal(tooLate.body.approval.status, 'expired', 'past its expiry before the job ran: expired, as the job would say');
+    assert.equal(tooLate.body.approval.decided_by, 'system');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '20.00');
+  });
+
   test('an approval is checked again as of then: a rule that fails blocks it, a balance too low leaves it awaiting', async () => {
     const policyId = await newPolicy(t, { requireCoSign: '3', maxPerTx: '10' });
     const wallet = await fundedWallet(t, '12', policyId);

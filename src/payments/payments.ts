@@ -398,7 +398,11 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         signature: awaiting ? null : item.prepared.signature,
         lastValidBlockHeight: awaiting ? null : item.prepared.lastValidBlockHeight,
         recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
-        approval: awaiting ? { required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString() } : null,
+        // The threshold it is above, kept: a rejection or an expiry names the rule that made it wait.
+        approval: awaiting ? {
+          required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString(),
+          threshold: formatUsdc(rulesOf(wallet).requireCoSign!),
+        } : null,
         approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
         attestedAtMs: item.attestedAtMs,
       });
@@ -534,7 +538,7 @@ async function reload(q: Queryable, txId: string): Promise<TransactionRow> {
 // ---------------------------------------------------------------------------------------------
 // Co-signature
 
-type AwaitingRow = TransactionRow & { approval: { status: string } | null; approval_expires_at: Date | null };
+type AwaitingRow = TransactionRow & { approval: { status: string; threshold?: string } | null; approval_expires_at: Date | null };
 
 async function lockAwaiting(tx: Queryable, orgId: string, txId: string): Promise<AwaitingRow> {
   const [row] = await tx.query<AwaitingRow>(
@@ -614,21 +618,27 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
   throw new ServiceError('service_unavailable', 'The wallet\'s policy kept changing while the payment was signed; retry.');
 }
 
-function coSignViolation(row: TransactionRow, rulesThreshold: bigint | null): Violation {
-  return {
-    rule: 'require_co_sign',
-    limit: rulesThreshold === null ? 'co-signature' : formatUsdc(rulesThreshold),
-    attempted: formatUsdc(row.amount),
-  };
+/** The co-signature rule a rejected or expired payment waited on: the threshold it was above when made. */
+function coSignViolation(row: TransactionRow, threshold: string): Violation {
+  return { rule: 'require_co_sign', limit: threshold, attempted: formatUsdc(row.amount) };
 }
 
 /** Rejects a payment awaiting its co-signature: it is blocked, and nothing is sent. */
-export async function rejectPayment(ctx: Ctx, orgId: string, txId: string, deciderKeyId: string, reason: 'rejected' | 'expired'): Promise<TransactionRow> {
+export async function rejectPayment(
+  ctx: Ctx, orgId: string, txId: string, deciderKeyId: string, reason: 'rejected' | 'expired',
+): Promise<TransactionRow> {
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const row = await lockAwaiting(tx, orgId, txId);
-    const policy = await findPolicy(tx, orgId, row.policy_id!);
-    const violation = coSignViolation(row, policy?.require_co_sign ?? null);
+    // A row recorded before the threshold was kept on it: its policy's threshold now.
+    const threshold = row.approval?.threshold
+      ?? formatUsdc((await findPolicy(tx, orgId, row.policy_id!, { includeDeleted: true }))?.require_co_sign ?? row.amount);
+    const violation = coSignViolation(row, threshold);
+    // A rejection that comes after the payment's expiry finds it expired, as the job would have.
+    if (reason === 'rejected' && row.approval_expires_at !== null && row.approval_expires_at.getTime() <= nowMs) {
+      reason = 'expired';
+      deciderKeyId = 'system';
+    }
     await tx.query(
       `UPDATE transactions SET status = 'blocked', violation = $2, approval = approval || $3::jsonb, approval_expires_at = NULL,
          updated_at = $4, settled_at = $4 WHERE id = $1`,

@@ -232,6 +232,12 @@ describe('policies', () => {
     const audit = await db.query<{ changes: Record<string, { from: unknown; to: unknown }> }>(
       'SELECT changes FROM policy_audit WHERE org_id = $1 AND policy_id = $2 ORDER BY created_at DESC LIMIT 1', [t.orgId, policy.policy_id]);
     assert.equal(audit[0]!.changes.deleted_at!.from, null);
+    // The archived wallet still answers reads, its spending judged by the deleted policy.
+    const archived = await t.request('GET', `/v1/wallets/wal_archived${process.pid}`);
+    assert.equal(archived.status, 200, JSON.stringify(archived.body));
+    assert.equal(archived.body.status, 'archived');
+    assert.equal(archived.body.policy.policy_id, policy.policy_id);
+    assert.equal(archived.body.spending.day.spent, '0.00');
   });
 
   test('an operator may write and a viewer may read', async () => {

@@ -72,16 +72,18 @@ const WALLET_COUNT = `(SELECT count(*) FROM wallets w
 // Reading
 
 /**
- * The organisation's policy, null when missing or deleted. `lock: 'share'` keeps it from being
+ * The organisation's policy, null when missing or deleted (`includeDeleted`: also a deleted one,
+ * which archived wallets and past payments still name). `lock: 'share'` keeps it from being
  * deleted until the caller's transaction ends (attach a wallet under it); `'update'` is for
  * changing it.
  */
 export async function findPolicy(
-  q: Queryable, orgId: string, policyId: string, options: { lock?: 'share' | 'update' } = {},
+  q: Queryable, orgId: string, policyId: string, options: { lock?: 'share' | 'update'; includeDeleted?: boolean } = {},
 ): Promise<PolicyRow | null> {
   const lock = options.lock === 'share' ? 'FOR SHARE' : options.lock === 'update' ? 'FOR UPDATE' : '';
   const rows = await q.query<PolicyRow>(
-    `SELECT ${COLUMNS} FROM policies p WHERE p.org_id = $1 AND p.id = $2 AND p.deleted_at IS NULL ${lock}`, [orgId, policyId]);
+    `SELECT ${COLUMNS} FROM policies p WHERE p.org_id = $1 AND p.id = $2 ${options.includeDeleted ? '' : 'AND p.deleted_at IS NULL'} ${lock}`,
+    [orgId, policyId]);
   return rows[0] ?? null;
 }
 

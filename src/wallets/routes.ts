@@ -149,7 +149,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const principal = principalOf(request);
     const wallet = await getWallet(ctx.db, principal.orgId, request.params.wallet_id);
     assertVaultAccess(principal, wallet, request.headers['session-token'] as string | undefined, ctx.clock.nowMs());
-    const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id);
+    // An archived wallet's policy may have been deleted since: its spending is still shown by it.
+    const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id, { includeDeleted: true });
     return { ...view(wallet), spending: await spendingOf(ctx.db, wallet.id, rulesOf(policy!), ctx.clock.nowMs()) };
   });
 
