@@ -7,10 +7,10 @@ import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
-import { holdLocks, queuedBehind, secondConnection, type HeldLocks } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, secondConnection, type HeldLocks } from '../../test/locks.ts';
 import { encodeBase58 } from '../chain/base58.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
-import { largeTransactionAlerts, runWalletAutomation } from './automation.ts';
+import { expirePolicies, largeTransactionAlerts, runWalletAutomation } from './automation.ts';
 
 describe('events, wallet states and automation', () => {
   let t: TestService;
@@ -122,6 +122,30 @@ describe('events, wallet states and automation', () => {
     assert.equal(payment.body.error.code, 'wallet_frozen');
     const vault = await t.service.ctx.chain.getVault((await import('@solana/kit')).address(a.chain_address));
     assert.equal(vault!.frozen, true, 'frozen on chain too');
+  });
+
+  test('a vault moved to a policy while its expiry passes and the job runs is refused, not left active on it', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const policyId = await newPolicy(t, { expiry: new Date(t.service.ctx.clock.nowMs() + 3_600_000).toISOString() });
+      const wallet = await fundedWallet(t, '3');
+      // The move waits for the vault's lock; meanwhile the expiry passes and the job freezes the policy's vaults.
+      const held = await holdLocks(other, (tx) => tx.query('SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]));
+      const moved = await queuedRequest(t.service.ctx.db, held,
+        () => t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { policyId } }),
+        async () => {
+          await advance(3601);
+          assert.equal(await expirePolicies(t.service.ctx), 1);
+        });
+      assert.equal(moved.status, 400, JSON.stringify(moved.body));
+      assert.equal(moved.body.error.param, 'policyId');
+      const after = await t.request('GET', `/v1/wallets/${wallet.wallet_id}`);
+      assert.equal(after.body.policy.policy_id, 'pol_permissive', 'left on its policy');
+      assert.equal(after.body.status, 'active');
+    } finally {
+      await other.close();
+    }
   });
 
   test('an expiry moved later is a new expiry, which freezes again; an expired policy takes no vault', async () => {

@@ -10,6 +10,7 @@
  */
 import { Type } from 'typebox';
 import { address } from '@solana/kit';
+import type { Clock } from '../clock/clock.ts';
 import type { Queryable } from '../db/database.ts';
 import { invalidRequest, ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
@@ -211,14 +212,17 @@ export function archivedError(wallet: Pick<WalletRow, 'id'>): ServiceError {
  * attached to an expired policy could pay nothing and would never be frozen by the expiry (that
  * has passed), so it is refused: extend the policy's expiry, or attach another.
  */
-async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string, nowMs: number): Promise<void> {
-  const rows = await q.query<{ expiry: Date | null }>(
-    'SELECT expiry FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR SHARE', [orgId, policyId]);
+async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string, clock: Pick<Clock, 'nowMs'>): Promise<void> {
+  const rows = await q.query<{ expiry: Date | null; expired_at: Date | null }>(
+    'SELECT expiry, expired_at FROM policies WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR SHARE', [orgId, policyId]);
   if (!rows.length) {
     throw new ServiceError('policy_not_found', `No policy ${policyId} in your organisation.`, { param: 'policy_id' });
   }
-  const { expiry } = rows[0]!;
-  if (expiry && expiry.getTime() <= nowMs) {
+  // The time is read once the lock is held: a request that waited (for its vault's lock, for the
+  // expiry job's commit on this row) while the expiry passed sees it passed, and one the job has
+  // already expired says so, so no vault is attached after the job froze the policy's vaults.
+  const { expiry, expired_at: expiredAt } = rows[0]!;
+  if (expiry && (expiredAt !== null || expiry.getTime() <= clock.nowMs())) {
     throw invalidRequest('policyId', `Policy ${policyId} expired at ${expiry.toISOString()}: extend its expiry, or attach another policy.`);
   }
 }
@@ -262,7 +266,7 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
   const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, input.agentId);
   const walletId = await ctx.db.transaction(async (tx) => {
     await lockOrganization(tx, orgId);
-    await assertPolicyUsable(tx, orgId, input.policyId, nowMs);
+    await assertPolicyUsable(tx, orgId, input.policyId, ctx.clock);
     const known = await tx.query('SELECT 1 FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
     if (known.length === 0) {
       await assertBelowCount(tx, orgId, {
@@ -395,7 +399,7 @@ export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, in
   const chainChanged = await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
-    if (input.policyId !== undefined && input.policyId !== wallet.policy_id) await assertPolicyUsable(tx, orgId, input.policyId, nowMs);
+    if (input.policyId !== undefined && input.policyId !== wallet.policy_id) await assertPolicyUsable(tx, orgId, input.policyId, ctx.clock);
     const next = {
       label: input.label ?? wallet.label,
       policyId: input.policyId ?? wallet.policy_id,
