@@ -9,7 +9,7 @@ import Fastify, {
   type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerDefault,
 } from 'fastify';
 import rateLimit from '@fastify/rate-limit';
-import { SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
+import { SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
@@ -202,8 +202,9 @@ function dependencyDown(error: unknown, depth = 0): boolean {
   const { code, message, name, cause } = error as { code?: unknown; message?: unknown; name?: unknown; cause?: unknown };
   if (typeof code === 'string' && (NETWORK_ERROR_CODES.has(code) || POSTGRES_DOWN_CODES.has(code) || code.startsWith('08'))) return true;
   if (typeof message === 'string' && POSTGRES_CONNECTION_MESSAGE.test(message)) return true;
-  // The embedded validator's thread stopped; an RPC node answered with an HTTP error.
-  if (name === 'ValidatorThreadError' || isSolanaError(error, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR)) return true;
+  // The embedded validator's thread stopped; an RPC node answered with an HTTP error, or said it is unhealthy.
+  if (name === 'ValidatorThreadError' || isSolanaError(error, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR)
+    || isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY)) return true;
   return dependencyDown(cause, depth + 1);
 }
 

@@ -1,10 +1,12 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
+import {
+  SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, generateKeyPairSigner, isSolanaError, lamports, type KeyPairSigner,
+} from '@solana/kit';
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
 import { LOCK_FILE, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
@@ -224,6 +226,40 @@ describe('local validator persistence', () => {
       }
     } finally {
       child.kill('SIGKILL');
+    }
+  });
+
+  // Guarantee: a transaction it executed never passes its last valid block height unseen.
+  it('makes no slot and takes no transaction while its snapshot cannot be written, and resumes once it can', async () => {
+    const dataDir = join(root, 'halt');
+    const validator = await LocalValidator.open({ dataDir, slotMs: 20, clock: new ManualClock(START_MS), programSoPath: null });
+    const rpc = createInProcessRpc(validator) as TestRpc;
+    const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+    try {
+      const payer = await generateKeyPairSigner();
+      await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(1_000_000n)).send());
+      // Each snapshot file turned into a directory: every write of it fails, as on a failing disk.
+      for (const file of SNAPSHOT_FILES) {
+        rmSync(join(dataDir, file), { force: true });
+        mkdirSync(join(dataDir, file));
+      }
+      const executed = await rpc.requestAirdrop(payer.address, lamports(2_000_000n)).send();
+      await pause(100); // its slot ended and its snapshot failed
+      const height = await rpc.getBlockHeight().send();
+      await pause(300); // fifteen slots' time
+      assert.equal(await rpc.getBlockHeight().send(), height, 'no slot is made while halted');
+      assert.equal((await rpc.getSignatureStatuses([executed]).send()).value[0], null, 'executed, not yet visible');
+      // Refused as a node that is not healthy (the JSON-RPC error clients retry on).
+      await assert.rejects(rpc.requestAirdrop(payer.address, lamports(3_000_000n)).send(),
+        (error: unknown) => isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY));
+      for (const file of SNAPSHOT_FILES) rmSync(join(dataDir, file), { recursive: true, force: true });
+      await confirmed(rpc, executed);
+      await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(3_000_000n)).send());
+      assert.ok(await rpc.getBlockHeight().send() > height, 'slots resume');
+      assert.equal((await rpc.getBalance(payer.address).send()).value, 6_000_000n);
+    } finally {
+      for (const file of SNAPSHOT_FILES) if (existsSync(join(dataDir, file)) && statSync(join(dataDir, file)).isDirectory()) rmSync(join(dataDir, file), { recursive: true });
+      await validator.close();
     }
   });
 

@@ -17,6 +17,7 @@ import {
   PreflightFailureError,
   SignatureVerificationError,
   ValidatorBusyError,
+  ValidatorHaltedError,
   ValidatorClosedError,
   type SimulationResult,
 } from './validator.ts';
@@ -526,7 +527,9 @@ function errorParts(error: unknown): [number, string, unknown?] {
   if (error instanceof RpcError) return [error.code, error.message, error.data];
   if (error instanceof MalformedTransactionError) return [JSON_RPC_ERRORS.invalidParams, `invalid transaction: ${error.message}`];
   if (error instanceof RangeError) return [JSON_RPC_ERRORS.invalidParams, `Invalid params: ${error.message}`];
-  if (error instanceof ValidatorBusyError || error instanceof ValidatorClosedError) return [JSON_RPC_ERRORS.nodeUnhealthy, error.message];
+  if (error instanceof ValidatorBusyError || error instanceof ValidatorClosedError || error instanceof ValidatorHaltedError) {
+    return [JSON_RPC_ERRORS.nodeUnhealthy, error.message];
+  }
   return [JSON_RPC_ERRORS.internalError, 'Internal error'];
 }
 

@@ -164,6 +164,14 @@ export class ValidatorBusyError extends Error {
   }
 }
 
+/** The validator's state cannot be written: it takes no transaction and makes no slot until it can. */
+export class ValidatorHaltedError extends Error {
+  constructor(cause: string) {
+    super(`the validator cannot persist its state (${cause}); it takes no transaction until it can`);
+    this.name = 'ValidatorHaltedError';
+  }
+}
+
 export class ValidatorClosedError extends Error {
   constructor() {
     super('the local validator is closed');
@@ -265,6 +273,12 @@ export class LocalValidator {
   #lastPersistStartMs = 0;
   #nextSnapshotFile: SnapshotFile;
   #stateDirty = false;
+  /**
+   * The last snapshot failed (a full or failing disk): what executed since is not visible, and
+   * slots stop until a snapshot succeeds, so that no transaction it executed passes its last
+   * valid block height unseen (a client would declare it expired while it ran).
+   */
+  #haltedBy: string | null = null;
   #closed = false;
   #closing: Promise<void> | null = null;
   #programDeployed = false;
@@ -516,7 +530,7 @@ export class LocalValidator {
    * Clock sysvar, since no slot timer refreshes it.
    */
   #rollImmediateSlot(): void {
-    if (this.slotMs !== 0) return;
+    if (this.slotMs !== 0 || this.#haltedBy !== null) return;
     const elapsed = Date.now() - this.#slotStartedWallMs;
     if (elapsed >= NOMINAL_SLOT_MS) this.#advanceSlot(Math.floor(elapsed / NOMINAL_SLOT_MS));
     else this.#setClockSysvar();
@@ -553,6 +567,7 @@ export class LocalValidator {
    * limit left waiting runs in the new slot.
    */
   #produceSlot(): void {
+    if (this.#haltedBy !== null) return; // its failed snapshot is being written again
     this.#advanceSlot(1);
     this.#executedInSlot = 0;
     this.#scheduleSlice();
@@ -641,6 +656,7 @@ export class LocalValidator {
    */
   sendTransaction(bytes: Uint8Array, options: { skipPreflight?: boolean } = {}): string {
     if (this.#closed) throw new ValidatorClosedError();
+    if (this.#haltedBy !== null) throw new ValidatorHaltedError(this.#haltedBy);
     const tx = parseWireTransaction(bytes);
     if (this.#inFlight.has(tx.signature) || this.#store.has(tx.signature)) {
       if (!options.skipPreflight) {
@@ -929,6 +945,10 @@ export class LocalValidator {
         // The next one goes to the other file, leaving this one whole. After a failed write,
         // the same file again: the other still holds the last snapshot that was made visible.
         this.#nextSnapshotFile = this.#nextSnapshotFile === 0 ? 1 : 0;
+        if (this.#haltedBy !== null) {
+          this.#haltedBy = null;
+          this.#log({ level: 'warn', msg: 'validator snapshot written again: slots and transactions resume' });
+        }
         this.#publish(batch);
         this.#lastPersist = { bytes: state.length, captureMs, totalMs: performance.now() - startedMs, transactions: batch.length };
       } catch (error) {
@@ -936,6 +956,7 @@ export class LocalValidator {
         this.#unpublished = batch.concat(this.#unpublished);
         this.#stateDirty = true;
         failed = true;
+        this.#haltedBy = String(error);
         this.#log({ level: 'error', msg: 'validator snapshot failed', err: String(error) });
       } finally {
         this.#persisting = null;
