@@ -8,6 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createSolanaRpc, generateKeyPairSigner, lamports, type KeyPairSigner } from '@solana/kit';
 import type { ServiceError } from '../errors/errors.ts';
+import { dependencyDown } from '../http/app.ts';
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from '../validator/in-process.ts';
 import { LocalValidator } from '../validator/validator.ts';
@@ -235,6 +236,45 @@ describe('chain client, statuses as a cluster gives them', () => {
     assert.equal(fromPush.slot, 9n);
     assert.equal(fromPush.err!.name, fromAsk.err!.name);
     assert.equal(fromAsk.err!.name, '{"InsufficientFundsForRent":{"account_index":"2"}}');
+  });
+});
+
+describe('chain client, a cluster that answers with HTTP errors', () => {
+  // Real HTTP answers from a node: 503 and 429 are a node down or busy (retry), 401 a key it refuses (do not).
+  let status = 503;
+  const server = createServer((_request, response) => { response.writeHead(status).end(); });
+  let url: string;
+  before(async () => {
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  });
+  after(async () => { await new Promise((resolve) => server.close(resolve)); });
+
+  test('5xx and 429 are a dependency down (503); 4xx is not', async () => {
+    const chain = new ChainClient({
+      rpc: createSolanaRpc(url), programId: (await generateKeyPairSigner()).address, usdcMint: (await generateKeyPairSigner()).address,
+      operator: await generateKeyPairSigner(), arbiter: await generateKeyPairSigner(),
+    });
+    for (const [answer, down] of [[503, true], [502, true], [429, true], [401, false], [404, false]] as const) {
+      status = answer;
+      const error = await chain.getBlockHeight().then(() => null, (caught: unknown) => caught);
+      assert.ok(error, `${answer} is an error`);
+      assert.equal(dependencyDown(error), down, `HTTP ${answer}`);
+    }
+  });
+
+  test('closing the client ends every wait, and its timer', async () => {
+    const chain = new ChainClient({
+      rpc: createSolanaRpc(url), programId: (await generateKeyPairSigner()).address, usdcMint: (await generateKeyPairSigner()).address,
+      operator: await generateKeyPairSigner(), arbiter: await generateKeyPairSigner(), pollIntervalMs: 60_000,
+    });
+    const timers = () => process.getActiveResourcesInfo().filter((name) => name === 'Timeout').length;
+    const before = timers();
+    const waiting = chain.waitForOutcome((await generateKeyPairSigner()).address as never, 30_000);
+    assert.ok(timers() > before);
+    chain.close();
+    await assert.rejects(waiting, ConfirmationTimeoutError);
+    assert.equal(timers(), before, 'no timer is left to hold the process');
   });
 });
 

@@ -438,7 +438,7 @@ export class ChainClient {
     return new Promise<TransactionOutcome>((resolve, reject) => {
       const waiter: Waiter = {
         resolve: (outcome) => { clearTimeout(timer); resolve(outcome); },
-        reject,
+        reject: (error) => { clearTimeout(timer); reject(error); },
       };
       const timer = setTimeout(() => {
         const remaining = (this.#waiters.get(signature) ?? []).filter((other) => other !== waiter);
@@ -542,6 +542,11 @@ export class ChainClient {
       if (!status || status.confirmationStatus === 'processed') return null;
       return { signature, slot: status.slot, err: status.err ? parseChainError(status.err) : null };
     });
+  }
+
+  /** Resolves when the node says it is healthy (a halted embedded validator, a node far behind, do not). */
+  async getHealth(): Promise<void> {
+    await this.#call('getHealth', this.rpc.getHealth());
   }
 
   async getBlockHeight(): Promise<bigint> {

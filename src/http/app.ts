@@ -109,7 +109,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   app.get('/healthz', { schema: { hide: true } }, async (_request, reply) => {
     try {
       await ctx.db.query('SELECT 1');
-      await ctx.chain.getBlockHeight();
+      await ctx.chain.getHealth();
     } catch {
       return reply.code(503).send({ status: 'unavailable' });
     }
@@ -188,8 +188,12 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
 
 /** Network failures of a connection (to PostgreSQL, to an RPC node). */
 const NETWORK_ERROR_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
-/** PostgreSQL's: terminated by an administrator, crash, starting up or shutting down, too many connections. */
-const POSTGRES_DOWN_CODES = new Set(['57P01', '57P02', '57P03', '53300']);
+/**
+ * PostgreSQL's: a connection failed or was refused (class 08, but not 08P01, a protocol violation,
+ * which a statement with the wrong number of parameters raises), terminated by an administrator,
+ * crash, starting up or shutting down, too many connections.
+ */
+const POSTGRES_DOWN_CODES = new Set(['08000', '08001', '08003', '08004', '08006', '57P01', '57P02', '57P03', '53300']);
 /** node-postgres' own errors for a connection lost or never made. */
 const POSTGRES_CONNECTION_MESSAGE = /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error)/;
 
@@ -197,26 +201,39 @@ const POSTGRES_CONNECTION_MESSAGE = /^(Connection terminated|timeout exceeded wh
  * Whether an error says that the database or the chain is down or unreachable (the error, or one
  * of its causes): the request may succeed when retried, so it is 503, not 500.
  */
-function dependencyDown(error: unknown, depth = 0): boolean {
+export function dependencyDown(error: unknown, depth = 0): boolean {
   if (!error || typeof error !== 'object' || depth > 4) return false;
   const { code, message, name, cause } = error as { code?: unknown; message?: unknown; name?: unknown; cause?: unknown };
-  if (typeof code === 'string' && (NETWORK_ERROR_CODES.has(code) || POSTGRES_DOWN_CODES.has(code) || code.startsWith('08'))) return true;
+  if (typeof code === 'string' && (NETWORK_ERROR_CODES.has(code) || POSTGRES_DOWN_CODES.has(code))) return true;
   if (typeof message === 'string' && POSTGRES_CONNECTION_MESSAGE.test(message)) return true;
-  // The embedded validator's thread stopped; an RPC node answered with an HTTP error, or said it is unhealthy.
-  if (name === 'ValidatorThreadError' || isSolanaError(error, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR)
-    || isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY)) return true;
+  // The embedded validator's thread stopped; an RPC node said it is unhealthy, or answered 5xx
+  // or 429 (a 4xx is a request or a configuration it will refuse again: a bad key in the URL).
+  if (name === 'ValidatorThreadError' || isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY)) return true;
+  if (isSolanaError(error, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR)) {
+    const { statusCode } = error.context;
+    return statusCode >= 500 || statusCode === 429;
+  }
   return dependencyDown(cause, depth + 1);
 }
 
-/** The path (`a.0.b`, keys in snake_case) of the first string or key holding U+0000 in `value`; null when none does. */
+/**
+ * The path (`a.0.b`, keys in snake_case) of the first string or key holding U+0000 in `value`;
+ * null when none does. Walked with a stack of its own: a body nested thousands deep (JSON.parse
+ * takes it) is still walked, and then refused by the schema.
+ */
 function nulPath(value: unknown, path: string): string | null {
-  if (typeof value === 'string') return value.includes('\u0000') ? path : null;
-  if (!value || typeof value !== 'object') return null;
-  for (const [key, item] of Object.entries(value)) {
-    const at = path ? `${path}.${toSnakeCase(key)}` : toSnakeCase(key);
-    if (key.includes('\u0000')) return path || 'body';
-    const found = nulPath(item, at);
-    if (found !== null) return found;
+  const stack: Array<[unknown, string]> = [[value, path]];
+  while (stack.length) {
+    const [item, at] = stack.pop()!;
+    if (typeof item === 'string') {
+      if (item.includes('\u0000')) return at;
+      continue;
+    }
+    if (!item || typeof item !== 'object') continue;
+    for (const [key, child] of Object.entries(item).reverse()) {
+      if (key.includes('\u0000')) return at || 'body';
+      stack.push([child, at ? `${at}.${toSnakeCase(key)}` : toSnakeCase(key)]);
+    }
   }
   return null;
 }

@@ -2,9 +2,13 @@
  * The HTTP foundation through the real stack: request ids, the error shape, auth, docs.
  */
 import assert from 'node:assert/strict';
+import { mkdirSync, rmSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { generateKeyPairSigner, lamports } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { SNAPSHOT_FILES } from '../validator/state-file.ts';
 
 describe('HTTP foundation', () => {
   let t: TestService;
@@ -55,6 +59,46 @@ describe('HTTP foundation', () => {
       assert.equal(response.status, 400, `${path}: ${JSON.stringify(response.body)}`);
       assert.equal(response.body.error.code, 'invalid_request');
       assert.equal(response.body.error.param, param, path);
+    }
+  });
+
+  test('a body nested thousands deep is refused by its schema, not failed by the walk that looks for NUL', async () => {
+    const deep = `{"domain":"deep.example","address":"x","label":${'['.repeat(20_000)}${']'.repeat(20_000)}}`;
+    const response = await t.request('POST', '/v1/recipients', { body: deep, headers: { 'content-type': 'application/json' } });
+    assert.equal(response.status, 400, JSON.stringify(response.body));
+    assert.equal(response.body.error.code, 'invalid_request');
+  });
+
+  test('a policy expiry past the year 9999 once its offset is applied is 400, not a date the database refuses', async () => {
+    const response = await t.request('POST', '/v1/policies', { body: { name: `far-${process.pid}`, maxPerTx: '1', expiry: '9999-12-31T23:59:59-01:00' } });
+    assert.equal(response.status, 400, JSON.stringify(response.body));
+    assert.equal(response.body.error.param, 'expiry');
+  });
+
+  test('/healthz is 503 while the embedded validator cannot write its state, and 200 again once it can', async () => {
+    const halting = await startTestService();
+    const healthy = async (want: number) => {
+      const deadline = Date.now() + 10_000;
+      while ((await halting.request('GET', '/healthz', { key: null })).status !== want) {
+        assert.ok(Date.now() < deadline, `/healthz never answered ${want}`);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    };
+    const files = SNAPSHOT_FILES.map((file) => join(halting.config.dataDir, 'validator', file));
+    try {
+      await healthy(200);
+      // Each snapshot file turned into a directory: its writes fail, as on a failing disk.
+      for (const file of files) {
+        rmSync(file, { force: true });
+        mkdirSync(file);
+      }
+      await halting.service.ctx.chain.rpc.requestAirdrop((await generateKeyPairSigner()).address, lamports(1_000n)).send();
+      await healthy(503);
+      for (const file of files) rmSync(file, { recursive: true });
+      await healthy(200);
+    } finally {
+      for (const file of files) if (statSync(file, { throwIfNoEntry: false })?.isDirectory()) rmSync(file, { recursive: true });
+      await halting.close();
     }
   });
 

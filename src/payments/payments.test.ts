@@ -431,6 +431,24 @@ describe('payments', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '20.00');
   });
 
+  test('a rejection that waited for the payment\'s lock while its expiry passed finds it expired', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const policyId = await newPolicy(t, { requireCoSign: '3' });
+      const wallet = await fundedWallet(t, '20', policyId);
+      const waiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '5', currency: 'USDC' } });
+      assert.equal(waiting.body.approval.status, 'awaiting');
+      const held = await holdLocks(other, (tx) => tx.query('SELECT 1 FROM transactions WHERE id = $1 FOR UPDATE', [waiting.body.tx_id]));
+      const rejected = await queuedRequest(t.service.ctx.db, held, () => t.request('POST', `/v1/payments/${waiting.body.tx_id}/reject`),
+        () => t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 24 * 3600 + 1 } }));
+      assert.equal(rejected.status, 200, JSON.stringify(rejected.body));
+      assert.equal(rejected.body.approval.status, 'expired');
+    } finally {
+      await other.close();
+    }
+  });
+
   test('an approval is checked again as of then: a rule that fails blocks it, a balance too low leaves it awaiting', async () => {
     const policyId = await newPolicy(t, { requireCoSign: '3', maxPerTx: '10' });
     const wallet = await fundedWallet(t, '12', policyId);

@@ -628,8 +628,10 @@ export async function rejectPayment(
   ctx: Ctx, orgId: string, txId: string, deciderKeyId: string, reason: 'rejected' | 'expired',
 ): Promise<TransactionRow> {
   return ctx.db.transaction(async (tx) => {
-    const nowMs = ctx.clock.nowMs();
     const row = await lockAwaiting(tx, orgId, txId);
+    // Read once the payment's lock is held: a rejection that waited for it (behind an approval)
+    // while the expiry passed finds it expired.
+    const nowMs = ctx.clock.nowMs();
     // A row recorded before the threshold was kept on it: its policy's threshold now.
     const threshold = row.approval?.threshold
       ?? formatUsdc((await findPolicy(tx, orgId, row.policy_id!, { includeDeleted: true }))?.require_co_sign ?? row.amount);

@@ -5,6 +5,7 @@
  */
 import { isAddress } from '@solana/kit';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import { DATE_MS_MAX } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import type { PolicyRules } from './presets.ts';
 
@@ -112,6 +113,7 @@ export function parseExpiry(text: string, nowMs: number): Date {
   utc.setUTCHours(hour, minute, second, 0);
   const atMs = utc.getTime() - offsetMinutes * 60_000;
   if (atMs <= nowMs) throw invalidRequest('expiry', 'expiry must be in the future.');
+  if (atMs > DATE_MS_MAX) throw invalidRequest('expiry', 'expiry must be in the year 9999 or before (UTC).');
   return new Date(atMs);
 }
 

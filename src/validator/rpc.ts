@@ -189,7 +189,10 @@ export class RpcHandler {
     this.#log = options.log ?? (() => {});
     const v = validator;
     this.#methods = {
-      getHealth: () => 'ok',
+      getHealth: () => {
+        v.assertHealthy();
+        return 'ok';
+      },
       getVersion: () => ({ 'solana-core': RPC_API_VERSION, 'feature-set': 0 }),
       getGenesisHash: () => v.genesisHash,
       getSlot: (p) => {

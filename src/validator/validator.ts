@@ -480,6 +480,11 @@ export class LocalValidator {
     return this.#slot;
   }
 
+  /** Throws ValidatorHaltedError while its state cannot be persisted (getHealth answers it too). */
+  assertHealthy(): void {
+    if (this.#haltedBy !== null) throw new ValidatorHaltedError(this.#haltedBy);
+  }
+
   get blockHeight(): number {
     return this.slot - this.#genesisSlot;
   }
@@ -656,7 +661,7 @@ export class LocalValidator {
    */
   sendTransaction(bytes: Uint8Array, options: { skipPreflight?: boolean } = {}): string {
     if (this.#closed) throw new ValidatorClosedError();
-    if (this.#haltedBy !== null) throw new ValidatorHaltedError(this.#haltedBy);
+    this.assertHealthy();
     const tx = parseWireTransaction(bytes);
     if (this.#inFlight.has(tx.signature) || this.#store.has(tx.signature)) {
       if (!options.skipPreflight) {
