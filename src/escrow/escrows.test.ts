@@ -432,6 +432,18 @@ describe('escrow', () => {
     assert.ok(events.some((e) => e.details.escrow_id === disputed.escrow_id), 'the tenant is told');
   });
 
+  test('a dispute the service\'s own organisation takes part in is not its own arbiters\' to decide', async () => {
+    const tenant = await t.createOrganization('Paying the service organisation');
+    const from = await fundedWallet(t, '10', 'pol_permissive', tenant.adminKey);
+    const ours = await fundedWallet(t, '0.5');
+    const escrow = (await open(from, ours.chain_address, {}, tenant.adminKey)).body;
+    assert.equal((await t.request('POST', `/v1/payments/a2a/${escrow.escrow_id}/dispute`, { body: { reason: 'paid too little' } })).status, 200);
+    const refused = await t.request('POST', `/v1/payments/a2a/${escrow.escrow_id}/resolve`, { key: await t.createKey('arbiter'), body: { decision: 'release' } });
+    assert.equal(refused.status, 403, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'insufficient_permissions');
+    assert.equal((await escrowOf(escrow.escrow_id)).status, 'disputed');
+  });
+
   test('an arbiter\'s refund gives the day\'s budget back on chain as in the service: the policy\'s next payment lands', async () => {
     const policyId = await newPolicy(t, { maxPerDay: '10' });
     const from = await fundedWallet(t, '20', policyId);
@@ -539,6 +551,22 @@ describe('escrow', () => {
       slowResponses.shift()!();
       assert.equal((await retried).body.status, 'released', 'the retry goes through');
     }
+  });
+
+  test('a receiver the directory puts in a blocked category is refused, by its address or its vault id', async () => {
+    const policyId = await newPolicy(t, { blockedCategories: ['gambling'] });
+    const from = await fundedWallet(t, '10', policyId);
+    const to = await fundedWallet(t, '0.5');
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: `${unique('casino')}.example`, address: to.chain_address, category: 'gambling' } })).status, 200);
+    for (const toWallet of [to.chain_address, to.wallet_id]) {
+      const refused = await open(from, toWallet);
+      assert.equal(refused.status, 402, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.violation.rule, 'blocked_categories');
+      const record = await t.request('GET', `/v1/transactions/${refused.body.error.tx_id}`);
+      assert.equal(record.body.status, 'blocked');
+      assert.equal(record.body.category, 'gambling');
+    }
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
   });
 
   test('the requester\'s policy is checked at creation: a violation is 402, recorded blocked, and locks nothing', async () => {

@@ -31,7 +31,7 @@ import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-s
 import {
   EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
-import { serviceAccountSql } from '../recipients/recipients.ts';
+import { recipientEntrySql, serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
 import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
 import { recheckProofLocked, sha256Of, verifyProof, type ProofInput } from './proofs.ts';
@@ -138,7 +138,21 @@ function busy(row: EscrowRow): ServiceError {
 }
 
 /** Where an escrow pays: a chain address, and the vault of the service it belongs to, if any. */
-interface Receiver { address: string; walletId: string | null; orgId: string | null }
+interface Receiver {
+  address: string;
+  walletId: string | null;
+  orgId: string | null;
+  /** the category the payer's recipient directory gives its address (blockedCategories applies to escrows too) */
+  category: string | null;
+}
+
+/** The category the organisation's directory gives `address` (an entry with one first), or null. */
+async function directoryCategory(q: Queryable, orgId: string, address: string): Promise<string | null> {
+  const [entry] = await q.query<{ category: string | null }>(
+    `SELECT e.category FROM (SELECT $1::text AS org_id, $2::text AS address, NULL::text AS domain) k
+     JOIN LATERAL (${recipientEntrySql('k')}) e ON TRUE`, [orgId, address]);
+  return entry?.category ?? null;
+}
 
 /** The receiver as the request names it: a vault id of the organisation, or any chain address. */
 async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): Promise<Receiver> {
@@ -146,7 +160,10 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
     const [wallet] = await q.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, toWallet]);
     if (!wallet) throw walletNotFound(toWallet);
     assertNotArchived(wallet);
-    return { address: wallet.chain_address, walletId: wallet.id, orgId: wallet.org_id };
+    return {
+      address: wallet.chain_address, walletId: wallet.id, orgId: wallet.org_id,
+      category: await directoryCategory(q, orgId, wallet.chain_address),
+    };
   }
   let receiver: Address;
   try {
@@ -166,7 +183,7 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
         + 'an escrow pays a vault or an address outside the service.', { param: 'to_wallet' });
   }
   if (found?.status === 'archived') throw receiverArchived(receiver);
-  return { address: receiver, walletId: found?.id ?? null, orgId: found?.org_id ?? null };
+  return { address: receiver, walletId: found?.id ?? null, orgId: found?.org_id ?? null, category: await directoryCategory(q, orgId, receiver) };
 }
 
 /** A receiving vault archived, named by its address (it may be another organisation's). */
@@ -244,7 +261,7 @@ export async function createEscrow(
       }),
     ]);
     const attestation = attestationHashOf({
-      walletId: unlocked.id, recipient: input.toWallet, amount: input.amount, currency: 'USDC', memo: null, category: null, atMs: nowMs,
+      walletId: unlocked.id, recipient: input.toWallet, amount: input.amount, currency: 'USDC', memo: null, category: receiver.category, atMs: nowMs,
     });
 
     const decided = await ctx.db.transaction(async (tx) => {
@@ -261,11 +278,12 @@ export async function createEscrow(
       const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
       const rules = await rulesFor(tx, wallet);
       const decision = evaluate(rules, spendStateOf(windows), {
-        amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: null, atMs: recordedMs,
+        amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: receiver.category, atMs: recordedMs,
       });
-      const asPayment = { walletId: wallet.id, to: input.toWallet, amount: input.amount, memo: null, category: null };
+      const asPayment = { walletId: wallet.id, to: input.toWallet, amount: input.amount, memo: null, category: receiver.category };
+      const asRecipient = { address: receiver.address, category: receiver.category, domain: null, recipientId: null };
       if (!decision.allowed) {
-        await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
+        await recordBlocked(tx, recordedMs, wallet, asPayment, asRecipient, attestation,
           decision.violation, sendTxId, 'a2a_send', nowMs);
         await options.mark?.(tx, sendTxId);
         return { escrowId: null, violation: decision.violation };
@@ -273,7 +291,7 @@ export async function createEscrow(
       // An escrow is not held for a co-signature: above requireCoSign it is refused like any other rule.
       if (decision.requiresApproval) {
         const violation: Violation = { rule: 'require_co_sign', limit: formatUsdc(rules.requireCoSign!), attempted: formatUsdc(input.amount) };
-        await recordBlocked(tx, recordedMs, wallet, asPayment, { address: receiver.address, category: null, domain: null, recipientId: null }, attestation,
+        await recordBlocked(tx, recordedMs, wallet, asPayment, asRecipient, attestation,
           violation, sendTxId, 'a2a_send', nowMs);
         await options.mark?.(tx, sendTxId);
         return { escrowId: null, violation };
@@ -292,7 +310,7 @@ export async function createEscrow(
         id: sendTxId, orgId, walletId: wallet.id, type: 'a2a_send', amount: input.amount, recipient: input.toWallet,
         policyId: wallet.policy_id, attestationHash: attestation, signature: prepared.signature,
         lastValidBlockHeight: prepared.lastValidBlockHeight, escrowId, recipientAddress: receiver.address, spendAtMs: recordedMs,
-        attestedAtMs: nowMs,
+        attestedAtMs: nowMs, category: receiver.category,
       });
       await insertTransaction(tx, recordedMs, {
         orgId, walletId: wallet.id, type: 'escrow_lock', amount: input.amount, recipient: escrowAddress,
@@ -564,6 +582,14 @@ export async function resolveEscrow(
   }
   const keyId = arbiter.keyId;
   const before = await getEscrow(ctx.db, arbiter.orgId, escrowId, { serviceArbiter: true });
+  // The default organisation runs the service and may also pay or be paid: a dispute between it
+  // and another organisation is not its own arbiters' to decide. (Between two of its own vaults,
+  // or with an address outside the service, no other organisation's money is at stake.)
+  const parties = [before.org_id, before.receiver_org_id].filter((id): id is string => id !== null);
+  if (parties.includes(arbiter.orgId) && parties.some((id) => id !== arbiter.orgId)) {
+    throw new ServiceError('insufficient_permissions',
+      'This dispute is between your organisation and another: it cannot be resolved by your own arbiter keys.');
+  }
   const orgId = before.org_id;
   assertResolvable(before, split);
   const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [before.from_wallet_id]);
