@@ -582,14 +582,6 @@ export async function resolveEscrow(
   }
   const keyId = arbiter.keyId;
   const before = await getEscrow(ctx.db, arbiter.orgId, escrowId, { serviceArbiter: true });
-  // The default organisation runs the service and may also pay or be paid: a dispute between it
-  // and another organisation is not its own arbiters' to decide. (Between two of its own vaults,
-  // or with an address outside the service, no other organisation's money is at stake.)
-  const parties = [before.org_id, before.receiver_org_id].filter((id): id is string => id !== null);
-  if (parties.includes(arbiter.orgId) && parties.some((id) => id !== arbiter.orgId)) {
-    throw new ServiceError('insufficient_permissions',
-      'This dispute is between your organisation and another: it cannot be resolved by your own arbiter keys.');
-  }
   const orgId = before.org_id;
   assertResolvable(before, split);
   const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [before.from_wallet_id]);

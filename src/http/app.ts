@@ -222,21 +222,25 @@ export function dependencyDown(error: unknown, depth = 0): boolean {
  * takes it) is still walked, and then refused by the schema.
  */
 function nulPath(value: unknown, path: string): string | null {
-  const stack: Array<[unknown, string]> = [[value, path]];
+  // Each entry: a value, its path, and whether the key that names it holds a NUL (its parent's path).
+  const stack: Array<[unknown, string, string | null]> = [[value, path, null]];
   while (stack.length) {
-    const [item, at] = stack.pop()!;
+    const [item, at, badKeyAt] = stack.pop()!;
+    if (badKeyAt !== null) return badKeyAt || 'body';
     if (typeof item === 'string') {
       if (item.includes('\u0000')) return at;
       continue;
     }
     if (!item || typeof item !== 'object') continue;
     for (const [key, child] of Object.entries(item).reverse()) {
-      if (key.includes('\u0000')) return at || 'body';
-      stack.push([child, at ? `${at}.${toSnakeCase(key)}` : toSnakeCase(key)]);
+      stack.push([child, at ? `${at}.${toSnakeCase(key)}` : toSnakeCase(key), key.includes('\u0000') ? at : null]);
     }
   }
   return null;
 }
+
+/** Objects nested in arrays of a body (fund-batch allocations, policy lists) go one or two deep. */
+const BODY_DEPTH_MAX = 16;
 
 export function toSnakeCase(name: string): string {
   return name.replace(/[A-Z]/g, (letter) => `_${letter.toLowerCase()}`);
@@ -246,13 +250,15 @@ export function toSnakeCase(name: string): string {
  * Bodies take the camelCase reference names and, as aliases, the snake_case spellings of
  * SPEC.md's examples. Both spellings of one field in one body is ambiguous: refused.
  */
-export function camelCaseKeys(body: Record<string, unknown>): Record<string, unknown> {
+export function camelCaseKeys(body: Record<string, unknown>, depth = 0): Record<string, unknown> {
+  // No request schema nests objects this deep: refused before the walk could exhaust the stack.
+  if (depth > BODY_DEPTH_MAX) throw invalidRequest('body', `The body nests objects more than ${BODY_DEPTH_MAX} deep.`);
   const out: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(body)) {
     const camel = key.includes('_') ? key.replace(/_([a-z0-9])/g, (_m, c: string) => c.toUpperCase()) : key;
     if (camel in out) throw new ServiceError('invalid_request', `"${key}" is given twice (camelCase and snake_case).`, { param: key });
     out[camel] = Array.isArray(value)
-      ? value.map((item) => (item && typeof item === 'object' && !Array.isArray(item) ? camelCaseKeys(item as Record<string, unknown>) : item))
+      ? value.map((item) => (item && typeof item === 'object' && !Array.isArray(item) ? camelCaseKeys(item as Record<string, unknown>, depth + 1) : item))
       : value;
   }
   return out;

@@ -39,8 +39,15 @@ export async function startRpcServer(validator: LocalValidator, options: RpcServ
   const handler = createRpcHandler(validator, { log: options.log });
   const server = createServer({ requestTimeout: REQUEST_TIMEOUT_MS }, (request: IncomingMessage, response: ServerResponse) => {
     if (request.method === 'GET' && request.url === '/health') {
-      response.writeHead(200, { 'content-type': 'text/plain' });
-      response.end('ok');
+      // As getHealth: not ok while the validator cannot persist its state (halted).
+      let unhealthy: string | null = null;
+      try {
+        validator.assertHealthy();
+      } catch (error) {
+        unhealthy = (error as Error).message;
+      }
+      response.writeHead(unhealthy === null ? 200 : 503, { 'content-type': 'text/plain' });
+      response.end(unhealthy ?? 'ok');
       return;
     }
     if (request.method !== 'POST') {

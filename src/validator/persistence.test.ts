@@ -9,6 +9,7 @@ import {
 } from '@solana/kit';
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
+import { startRpcServer } from './http.ts';
 import { LOCK_FILE, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
 import {
   confirmed, createAtaIdempotent, memoInstruction, signedTransaction, transferSol, transferToken, writeMemoProgram, type TestRpc,
@@ -235,7 +236,11 @@ describe('local validator persistence', () => {
     const validator = await LocalValidator.open({ dataDir, slotMs: 20, clock: new ManualClock(START_MS), programSoPath: null });
     const rpc = createInProcessRpc(validator) as TestRpc;
     const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+    // Served over HTTP too (`agent-vault validator`): its GET /health, which probes use.
+    const server = await startRpcServer(validator, { port: 0 });
+    const health = async () => (await fetch(`${server.url}/health`)).status;
     try {
+      assert.equal(await health(), 200);
       const payer = await generateKeyPairSigner();
       await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(1_000_000n)).send());
       // Each snapshot file turned into a directory: every write of it fails, as on a failing disk.
@@ -252,12 +257,16 @@ describe('local validator persistence', () => {
       // Refused as a node that is not healthy (the JSON-RPC error clients retry on).
       await assert.rejects(rpc.requestAirdrop(payer.address, lamports(3_000_000n)).send(),
         (error: unknown) => isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY));
+      await assert.rejects(rpc.getHealth().send(), (error: unknown) => isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY));
+      assert.equal(await health(), 503);
       for (const file of SNAPSHOT_FILES) rmSync(join(dataDir, file), { recursive: true, force: true });
       await confirmed(rpc, executed);
       await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(3_000_000n)).send());
       assert.ok(await rpc.getBlockHeight().send() > height, 'slots resume');
       assert.equal((await rpc.getBalance(payer.address).send()).value, 6_000_000n);
+      assert.equal(await health(), 200);
     } finally {
+      await server.close();
       for (const file of SNAPSHOT_FILES) if (existsSync(join(dataDir, file)) && statSync(join(dataDir, file)).isDirectory()) rmSync(join(dataDir, file), { recursive: true });
       await validator.close();
     }
