@@ -28,6 +28,22 @@ test('AGENT_VAULT_OPERATOR_KEY (JSON array or base58) takes precedence over the 
   await assert.rejects(loadOperatorKey({ dataDir, secretKey: '[1,2,3]' }), /AGENT_VAULT_OPERATOR_KEY is not a valid secret key/);
 });
 
+test('a malformed AGENT_VAULT_OPERATOR_KEY is refused without quoting any of it', async () => {
+  const dataDir = mkdtempSync(join(tmpdir(), 'av-key-'));
+  const secret = generateSecretKey();
+  const base58 = getBase58Decoder().decode(secret);
+  const json = JSON.stringify([...secret]);
+  // Quotes an env file kept, a character base58 does not use, a JSON array cut short.
+  for (const text of [`"${base58}"`, `${base58.slice(0, 40)}0${base58.slice(41)}`, json.slice(0, -1)]) {
+    const error = await loadOperatorKey({ dataDir, secretKey: text }).then(() => null, (caught: Error) => caught);
+    assert.ok(error, text.slice(0, 8));
+    assert.match(error.message, /AGENT_VAULT_OPERATOR_KEY is not a valid secret key/);
+    for (const part of [base58.slice(5, 15), base58.slice(30, 40), json.slice(10, 30), String(secret[3]) + ',' + String(secret[4])]) {
+      assert.ok(!error.message.includes(part) && !String(error.stack).includes(part), `the message quotes the key: ${error.message}`);
+    }
+  }
+});
+
 test('a key file readable by other users is refused', async () => {
   const dataDir = mkdtempSync(join(tmpdir(), 'av-key-'));
   const path = join(dataDir, OPERATOR_KEY_FILE);

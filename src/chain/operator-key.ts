@@ -13,19 +13,29 @@ export const OPERATOR_KEY_FILE = 'operator-key.json';
 
 /**
  * Parses a 64-byte Solana secret key (32-byte seed then 32-byte public key), written either as
- * the CLI's JSON array of numbers or as base58.
+ * the CLI's JSON array of numbers or as base58. Its errors never quote the text: it is a secret
+ * (the parsers' own messages, JSON's and base58's, would show part or all of it).
  */
 export function parseSecretKey(text: string): Uint8Array {
   const trimmed = text.trim();
   let bytes: Uint8Array;
   if (trimmed.startsWith('[')) {
-    const numbers: unknown = JSON.parse(trimmed);
+    let numbers: unknown;
+    try {
+      numbers = JSON.parse(trimmed);
+    } catch {
+      throw new Error('a key starting with "[" must be a JSON array of 64 bytes, and this one is not valid JSON');
+    }
     if (!Array.isArray(numbers) || !numbers.every((n) => Number.isInteger(n) && n >= 0 && n <= 255)) {
       throw new Error('a JSON key must be an array of bytes');
     }
     bytes = Uint8Array.from(numbers as number[]);
   } else {
-    bytes = new Uint8Array(getBase58Encoder().encode(trimmed));
+    try {
+      bytes = new Uint8Array(getBase58Encoder().encode(trimmed));
+    } catch {
+      throw new Error('a key is base58 or a JSON array of 64 bytes, and this one is neither (quotes around it, or a character base58 does not use: 0, O, I, l)');
+    }
   }
   if (bytes.length !== 64) throw new Error(`a secret key has 64 bytes, this one has ${bytes.length}`);
   return bytes;
