@@ -61,14 +61,28 @@ export async function buildService(config: Config, options: BuildServiceOptions 
     const openedChain = chain;
     return {
       ctx, app, jobs, bootstrapAdminKey: bootstrap.adminKey, defaultOrgId: bootstrap.orgId,
+      /**
+       * Closes in order; a step that fails does not skip the ones after it (the database is
+       * closed, and its lock released, even when the validator's last snapshot could not be
+       * written). The first failure is thrown at the end.
+       */
       async close() {
-        await app.close();
-        await jobs.stop();
-        await ctx.webhookSender.close();
-        await openedChain.close();
+        const failures: unknown[] = [];
+        const step = async (run: () => Promise<unknown>) => {
+          try {
+            await run();
+          } catch (error) {
+            failures.push(error);
+          }
+        };
+        await step(() => app.close());
+        await step(() => jobs.stop());
+        await step(() => ctx.webhookSender.close());
+        await step(() => openedChain.close());
         // Settlements written behind their answers (or whose outcome came as the chain closed).
-        await settlementsWritten(openedDb);
-        await openedDb.close();
+        await step(() => settlementsWritten(openedDb));
+        await step(() => openedDb.close());
+        if (failures.length) throw failures[0];
       },
     };
   } catch (error) {
@@ -90,18 +104,33 @@ export async function serve(config: Config, { workers = true, http = true } = {}
     // Printed once, on the first start: the only time this key is ever shown.
     process.stdout.write(`\nDefault organisation ${service.defaultOrgId} created.\nAdmin API key (shown once, store it now):\n\n  ${service.bootstrapAdminKey}\n\n`);
   }
-  if (http) await service.app.listen({ port: config.port, host: config.host });
-  else logger.info({ jobs: JOBS.map((job) => job.name) }, 'workers running (no HTTP listener)');
+  if (http) {
+    try {
+      await service.app.listen({ port: config.port, host: config.host });
+    } catch (error) {
+      // The port taken, a host that is not this machine's: nothing is left running (the workers,
+      // the validator's thread, the data dir's locks), so the process ends with the error.
+      await service.close().catch((closeError: unknown) => logger.error({ err: closeError }, 'closing after a failed start failed'));
+      throw error;
+    }
+  } else {
+    logger.info({ jobs: JOBS.map((job) => job.name) }, 'workers running (no HTTP listener)');
+  }
   let closing = false;
   const shutdown = async (signal: string) => {
     if (closing) return;
     closing = true;
     logger.info({ signal }, 'shutting down');
+    let code = 0;
     try {
       await service.close();
       logger.info('stopped');
+    } catch (error) {
+      // Said, and told to the supervisor: a validator snapshot or a database close that failed.
+      code = 1;
+      logger.error({ err: error }, 'shutting down failed');
     } finally {
-      process.exit(0);
+      process.exit(code);
     }
   };
   process.once('SIGTERM', () => void shutdown('SIGTERM'));

@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
@@ -81,6 +82,34 @@ describe('agent-vault serve', () => {
       assert.equal(body.reserve.usdc_balance, '42.00', 'the deposit survived the restart');
     } finally {
       assert.equal(await stop(restarted), 0);
+    }
+  });
+
+  test('a port already taken ends the process with an error and leaves nothing running or locked', async () => {
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const dir = mkdtempSync(join(tmpdir(), 'av-port-'));
+    try {
+      const env: Record<string, string> = {
+        ...process.env as Record<string, string>, AGENT_VAULT_DATA_DIR: dir, HOST: '127.0.0.1', PORT: String((taken.address() as AddressInfo).port),
+      };
+      delete env.DATABASE_URL;
+      const child = spawn(process.execPath, [join(ROOT, 'bin', 'agent-vault.js'), 'serve'], { env, cwd: ROOT });
+      let output = '';
+      child.stdout.on('data', (chunk) => { output += chunk; });
+      child.stderr.on('data', (chunk) => { output += chunk; });
+      const code = await new Promise<number | null>((resolve, reject) => {
+        const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`serve kept running after its listen failed:\n${output}`)); }, START_TIMEOUT_MS);
+        child.once('exit', (exitCode) => { clearTimeout(timer); resolve(exitCode); });
+      });
+      assert.equal(code, 1, output);
+      assert.match(output, /EADDRINUSE/);
+      // Its locks were released: the same data dir starts at once on a free port.
+      const next = await startServe(dir);
+      assert.equal(await stop(next), 0);
+    } finally {
+      await new Promise((resolve) => taken.close(resolve));
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 
