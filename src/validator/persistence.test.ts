@@ -152,6 +152,16 @@ describe('local validator persistence', () => {
     writeFileSync(join(dataDir, LOCK_FILE), `${dead}\n`);
     const taker = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
     await taker.close();
+
+    // A lock naming this very pid that this process does not hold: an earlier run with the same
+    // pid (pid 1 in a container, killed and restarted) left it, and it is taken over.
+    writeFileSync(join(dataDir, LOCK_FILE), `${process.pid}\n`);
+    const samePid = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
+    try {
+      await assert.rejects(LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null }), /in use by pid/, 'held now: refused');
+    } finally {
+      await samePid.close();
+    }
   });
 
   // Guarantee: with slotMs 0 and a data dir, what is visible has been persisted.

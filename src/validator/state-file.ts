@@ -37,6 +37,9 @@ export class ValidatorLockedError extends Error {
   }
 }
 
+/** The lock files this process holds (a pid alone cannot tell them from an earlier run's). */
+const locksHeld = new Set<string>();
+
 function processIsAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
@@ -70,7 +73,10 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
         throw readError;
       }
       // An empty or unreadable pid is a lock whose writer died between create and write.
-      if (Number.isInteger(owner) && owner > 0 && processIsAlive(owner)) throw new ValidatorLockedError(dataDir, owner, what);
+      // A lock naming this process's pid that this process does not hold was left by an earlier
+      // run that had the same pid (pid 1 in a container, restarted after a kill): stale.
+      const held = owner === process.pid ? locksHeld.has(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
+      if (held) throw new ValidatorLockedError(dataDir, owner, what);
       try {
         unlinkSync(path);
       } catch (unlinkError) {
@@ -80,10 +86,12 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
     }
     writeSync(fd, `${process.pid}\n`);
     closeSync(fd);
+    locksHeld.add(path);
     let released = false;
     return () => {
       if (released) return;
       released = true;
+      locksHeld.delete(path);
       try {
         if (Number.parseInt(readFileSync(path, 'utf8').trim(), 10) === process.pid) unlinkSync(path);
       } catch {
