@@ -36,6 +36,8 @@ export interface BuildServiceOptions {
   schema?: string;
   /** PGlite in memory instead of under the data dir (tests) */
   inMemoryDatabase?: boolean;
+  /** told the default organisation's generated admin key on the first start, as soon as it is stored */
+  onAdminKey?: (orgId: string, adminKey: string) => void;
 }
 
 export async function buildService(config: Config, options: BuildServiceOptions = {}): Promise<Service> {
@@ -54,7 +56,7 @@ export async function buildService(config: Config, options: BuildServiceOptions 
       config, db, clock, chain: chain.chain, validator: chain.validator, cheatcodes: chain.cheatcodes,
       webhookSender: new AttemptSender(clock), log: logger,
     };
-    const bootstrap = await bootstrapOrganizations(ctx, config.bootstrapKey);
+    const bootstrap = await bootstrapOrganizations(ctx, config.bootstrapKey, { onAdminKey: options.onAdminKey });
     const app = await buildApp(ctx, { logger });
     const jobs = startJobs(ctx, options.workers === false ? [] : JOBS, { schedule: options.scheduleJobs ?? true });
     const openedDb = db;
@@ -99,11 +101,13 @@ export async function buildService(config: Config, options: BuildServiceOptions 
  */
 export async function serve(config: Config, { workers = true, http = true } = {}): Promise<void> {
   const logger = pino({ level: config.logLevel });
-  const service = await buildService(config, { workers, logger });
-  if (service.bootstrapAdminKey) {
-    // Printed once, on the first start: the only time this key is ever shown.
-    process.stdout.write(`\nDefault organisation ${service.defaultOrgId} created.\nAdmin API key (shown once, store it now):\n\n  ${service.bootstrapAdminKey}\n\n`);
-  }
+  // Printed once, on the first start, as soon as it is stored (before the chain setup, which
+  // may fail and be finished at the next start): the only time this key is ever shown.
+  const service = await buildService(config, {
+    workers, logger,
+    onAdminKey: (orgId, adminKey) => process.stdout.write(
+      `\nDefault organisation ${orgId} created.\nAdmin API key (shown once, store it now):\n\n  ${adminKey}\n\n`),
+  });
   if (http) {
     try {
       await service.app.listen({ port: config.port, host: config.host });

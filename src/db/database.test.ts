@@ -8,6 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { openDatabase, quoteIdentifier, type Database } from './database.ts';
+import { listMigrations, migrate } from './migrate.ts';
 
 const databaseUrl = process.env.DATABASE_URL ?? null;
 const schema = databaseUrl ? `t_${randomBytes(6).toString('hex')}` : undefined;
@@ -103,4 +104,19 @@ test('statements issued together leave in one write: BEGIN with the first ones, 
   }
   assert.equal(writes, 2, 'BEGIN and two statements in one write, the last statement and COMMIT in another');
   assert.deepEqual(await notes(), ['1:a', '2:b', '3:c']);
+});
+
+test('two processes migrating an empty database together both succeed, each migration applied once', { skip: !databaseUrl && 'needs DATABASE_URL (PGlite has one connection)' }, async () => {
+  for (let round = 0; round < 10; round += 1) {
+    const fresh = `t_${randomBytes(6).toString('hex')}`;
+    const [a, b] = [await openDatabase({ databaseUrl, dataDir: null, schema: fresh }), await openDatabase({ databaseUrl, dataDir: null, schema: fresh })];
+    try {
+      const [fromA, fromB] = await Promise.all([migrate(a), migrate(b)]);
+      assert.deepEqual([...fromA, ...fromB].sort((x, y) => x - y), listMigrations().map((m) => m.version));
+    } finally {
+      await a.query(`DROP SCHEMA ${quoteIdentifier(fresh)} CASCADE`);
+      await a.close();
+      await b.close();
+    }
+  }
 });

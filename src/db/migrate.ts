@@ -27,8 +27,13 @@ export function listMigrations(dir = MIGRATIONS_DIR): Migration[] {
 
 /** Applies what is missing; returns the versions applied now. */
 export async function migrate(db: Database, migrations = listMigrations()): Promise<number[]> {
-  await db.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
-    version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`);
+  // Under the lock too: CREATE TABLE IF NOT EXISTS is not safe against another process creating
+  // the same table at the same moment (two processes starting together on an empty database).
+  await db.transaction(async (tx) => {
+    await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
+    await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
+      version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`);
+  });
   const applied: number[] = [];
   for (const migration of migrations) {
     const done = await db.transaction(async (tx) => {

@@ -20,7 +20,20 @@ export async function createOrganizationCommand(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, options: { name: string },
 ): Promise<string> {
   assertOrganizationName(options.name);
-  const { org, adminKey } = await createOrganization(ctx, { name: options.name });
+  let shown: { orgId: string; key: string } | null = null;
+  let created;
+  try {
+    created = await createOrganization(ctx, { name: options.name, onCreated: (orgId, key) => { shown = { orgId, key: key.key }; } });
+  } catch (error) {
+    if (shown === null) throw error;
+    // Stored, but not yet on chain: its key is shown now or never; `serve` finishes the setup at its next start.
+    const { orgId, key } = shown as { orgId: string; key: string };
+    throw new Error([
+      `Organisation ${orgId} was created, but its setup on chain failed (${(error as Error).message}); the next start of serve finishes it.`,
+      'Its admin API key (shown once, store it now):', '', `  ${key}`, '',
+    ].join('\n'));
+  }
+  const { org, adminKey } = created;
   return [
     `Created organisation ${org.id} (${JSON.stringify(org.name)}); its reserve on chain is ${org.reserve_address}.`,
     'Admin API key (shown once, store it now):',

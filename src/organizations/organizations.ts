@@ -40,9 +40,15 @@ export async function insertApiKey(
   return { id, key, role };
 }
 
+/**
+ * Creates an organisation with its admin key and preset policies, then sets it up on chain.
+ * `onCreated` is told the key as soon as it is committed, before the chain setup, which may
+ * fail (an operator key without SOL on a real cluster): the organisation is then finished at the
+ * next start (it stays `pending`), and the key, stored only as a hash, has been shown all the same.
+ */
 export async function createOrganization(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>,
-  options: { name: string; isDefault?: boolean; adminKey?: string },
+  options: { name: string; isDefault?: boolean; adminKey?: string; onCreated?: (orgId: string, adminKey: CreatedKey) => void },
 ): Promise<{ org: OrganizationRow; adminKey: CreatedKey }> {
   const nowMs = ctx.clock.nowMs();
   const orgId = newId('org', nowMs);
@@ -65,6 +71,7 @@ export async function createOrganization(
     }
     return insertApiKey(tx, nowMs, orgId, 'admin', 'Admin key', options.adminKey);
   });
+  options.onCreated?.(orgId, adminKey);
   await provisionOrganizationOnChain(ctx, orgId);
   const org = await getOrganization(ctx.db, orgId);
   return { org: org!, adminKey };
@@ -102,6 +109,7 @@ export async function getOrganization(db: Queryable, orgId: string): Promise<Org
  */
 export async function bootstrapOrganizations(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, bootstrapKey: string | null,
+  options: { onAdminKey?: (orgId: string, adminKey: string) => void } = {},
 ): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
   const pending = await ctx.db.query<{ id: string }>(`SELECT id FROM organizations WHERE chain_status = 'pending' ORDER BY id`);
   for (const { id } of pending) await provisionOrganizationOnChain(ctx, id);
@@ -116,7 +124,11 @@ export async function bootstrapOrganizations(
     }
     return { created: false, orgId: existing[0].id, adminKey: null };
   }
-  const { org, adminKey } = await createOrganization(ctx, { name: 'Default organization', isDefault: true, adminKey: bootstrapKey ?? undefined });
+  const { org, adminKey } = await createOrganization(ctx, {
+    name: 'Default organization', isDefault: true, adminKey: bootstrapKey ?? undefined,
+    // Shown before the chain setup, which may fail: its key would otherwise never be seen.
+    onCreated: (orgId, created) => { if (!bootstrapKey) options.onAdminKey?.(orgId, created.key); },
+  });
   return { created: true, orgId: org.id, adminKey: bootstrapKey ? null : adminKey.key };
 }
 
