@@ -19,7 +19,12 @@ export interface JobRunner {
   stop(): Promise<void>;
 }
 
-export function startJobs(ctx: AppContext, jobs: readonly Job[], { schedule = true } = {}): JobRunner {
+/** How long stop() waits for the jobs running then; the rest are left to end with the process. */
+export const STOP_WAIT_MS = 10_000;
+
+export function startJobs(
+  ctx: AppContext, jobs: readonly Job[], { schedule = true, stopWaitMs = STOP_WAIT_MS } = {},
+): JobRunner {
   const timers = new Map<string, NodeJS.Timeout>();
   const running = new Map<string, Promise<void>>();
   let stopped = false;
@@ -28,14 +33,15 @@ export function startJobs(ctx: AppContext, jobs: readonly Job[], { schedule = tr
     const current = running.get(job.name);
     if (current) return current;
     const promise = (async () => {
-      let timer: NodeJS.Timeout | undefined;
+      // Past its timeout a run is reported, and still waited for: its next run starts only when
+      // it has ended, so a job never overlaps itself (a run abandoned at its timeout went on,
+      // beside the next one).
+      const timer = setTimeout(() => {
+        ctx.log.error({ job: job.name, timeoutMs: job.timeoutMs }, `job ${job.name} has run for more than ${job.timeoutMs} ms`);
+      }, job.timeoutMs);
+      timer.unref(); // a report, which holds no process open
       try {
-        await Promise.race([
-          job.run(ctx),
-          new Promise<never>((_resolve, reject) => {
-            timer = setTimeout(() => reject(new Error(`job ${job.name} timed out after ${job.timeoutMs} ms`)), job.timeoutMs);
-          }),
-        ]);
+        await job.run(ctx);
       } catch (error) {
         ctx.log.error({ err: error, job: job.name }, 'job failed');
       } finally {
@@ -61,10 +67,21 @@ export function startJobs(ctx: AppContext, jobs: readonly Job[], { schedule = tr
     async runOnce() {
       for (const job of jobs) await runJob(job);
     },
+    /**
+     * Schedules nothing more and waits for the running jobs, at most `stopWaitMs`: a shutdown is
+     * not held for an export's build or a slow webhook batch. What is cut short is as after a
+     * crash: claims lapse and the work is taken again (docs/operations.md).
+     */
     async stop() {
       stopped = true;
       for (const timer of timers.values()) clearTimeout(timer);
-      await Promise.all(running.values());
+      let timer: NodeJS.Timeout | undefined;
+      const waited = await Promise.race([
+        Promise.all(running.values()).then(() => true),
+        new Promise<false>((resolve) => { timer = setTimeout(() => resolve(false), stopWaitMs); }),
+      ]);
+      clearTimeout(timer);
+      if (!waited) ctx.log.warn({ jobs: [...running.keys()], waitedMs: stopWaitMs }, 'jobs still running at shutdown are left to end with the process');
     },
   };
 }

@@ -1,0 +1,54 @@
+/**
+ * The job runner: a job never overlaps itself, also past its timeout, and a shutdown waits for
+ * running jobs only so long.
+ */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import type { AppContext } from '../http/context.ts';
+import { startJobs, type Job } from './runner.ts';
+
+/** The runner needs only a logger from the context; this one keeps what is logged. */
+function contextLogging(): { ctx: AppContext; logged: string[] } {
+  const logged: string[] = [];
+  const log = { error: (_data: unknown, message: string) => logged.push(message), warn: (_data: unknown, message: string) => logged.push(message) };
+  return { ctx: { log } as unknown as AppContext, logged };
+}
+
+const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+test('a run past its timeout is reported and still waited for: the next run never starts beside it', async () => {
+  const { ctx, logged } = contextLogging();
+  let active = 0;
+  let most = 0;
+  let runs = 0;
+  const job: Job = {
+    name: 'slow', intervalMs: 60_000, timeoutMs: 30,
+    run: async () => {
+      runs += 1;
+      active += 1;
+      most = Math.max(most, active);
+      await pause(200);
+      active -= 1;
+    },
+  };
+  const runner = startJobs(ctx, [job], { schedule: false });
+  const first = runner.runOnce();
+  await pause(80); // past its timeout
+  const second = runner.runOnce();
+  await Promise.all([first, second]);
+  assert.equal(most, 1, 'never two at once');
+  assert.equal(runs, 1, 'the second asked for the run still going');
+  assert.ok(logged.some((message) => /has run for more than 30 ms/.test(message)), logged.join('\n'));
+  await runner.stop();
+});
+
+test('stop waits for running jobs at most its limit, then leaves them', async () => {
+  const { ctx, logged } = contextLogging();
+  const runner = startJobs(ctx, [{ name: 'stuck', intervalMs: 60_000, timeoutMs: 60_000, run: () => new Promise(() => {}) }],
+    { schedule: false, stopWaitMs: 100 });
+  void runner.runOnce();
+  const startedMs = Date.now();
+  await runner.stop();
+  assert.ok(Date.now() - startedMs < 1_000, `stop took ${Date.now() - startedMs} ms`);
+  assert.ok(logged.some((message) => /left to end with the process/.test(message)), logged.join('\n'));
+});
