@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -153,9 +153,11 @@ describe('local validator persistence', () => {
     const taker = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
     await taker.close();
 
-    // A lock naming this very pid that this process does not hold: an earlier run with the same
-    // pid (pid 1 in a container, killed and restarted) left it, and it is taken over.
+    // A lock naming this very pid, written before this process started: an earlier run with the
+    // same pid (pid 1 in a container, killed and restarted) left it, and it is taken over.
     writeFileSync(join(dataDir, LOCK_FILE), `${process.pid}\n`);
+    const beforeThisProcess = new Date(Date.now() - process.uptime() * 1000 - 60_000);
+    utimesSync(join(dataDir, LOCK_FILE), beforeThisProcess, beforeThisProcess);
     const samePid = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
     try {
       await assert.rejects(LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null }), /in use by pid/, 'held now: refused');

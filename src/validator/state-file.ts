@@ -10,7 +10,7 @@
  * PostgreSQL's write load here, 3.5 ms against 6.9 ms at the median, 10 against 24 at p99 for
  * 1.5 MB (docs/benchmarks.md, fourteenth round). A file grows with slack, so that it rarely grows.
  */
-import { closeSync, openSync, readFileSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, statSync, unlinkSync, writeSync } from 'node:fs';
 import { open, rename, rm, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
@@ -37,8 +37,22 @@ export class ValidatorLockedError extends Error {
   }
 }
 
-/** The lock files this process holds (a pid alone cannot tell them from an earlier run's). */
-const locksHeld = new Set<string>();
+/**
+ * When this process started, as every thread of it reckons (`process.uptime()` is the
+ * process's): a lock naming this pid but written before then was left by an earlier run that
+ * had the same pid, not by a thread of this one.
+ */
+const PROCESS_STARTED_MS = Date.now() - process.uptime() * 1000;
+/** Slack for the two clocks read (the file's mtime, this process's start). */
+const LOCK_TIME_SLACK_MS = 100;
+
+function writtenByThisProcess(path: string): boolean {
+  try {
+    return statSync(path).mtimeMs >= PROCESS_STARTED_MS - LOCK_TIME_SLACK_MS;
+  } catch {
+    return false;
+  }
+}
 
 function processIsAlive(pid: number): boolean {
   try {
@@ -73,9 +87,10 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
         throw readError;
       }
       // An empty or unreadable pid is a lock whose writer died between create and write.
-      // A lock naming this process's pid that this process does not hold was left by an earlier
-      // run that had the same pid (pid 1 in a container, restarted after a kill): stale.
-      const held = owner === process.pid ? locksHeld.has(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
+      // A lock naming this process's pid written before it started was left by an earlier run
+      // that had the same pid (pid 1 in a container, restarted after a kill): stale. Written
+      // since, it is this process's own (another thread's: the validator's, say).
+      const held = owner === process.pid ? writtenByThisProcess(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
       if (held) throw new ValidatorLockedError(dataDir, owner, what);
       try {
         unlinkSync(path);
@@ -86,12 +101,10 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
     }
     writeSync(fd, `${process.pid}\n`);
     closeSync(fd);
-    locksHeld.add(path);
     let released = false;
     return () => {
       if (released) return;
       released = true;
-      locksHeld.delete(path);
       try {
         if (Number.parseInt(readFileSync(path, 'utf8').trim(), 10) === process.pid) unlinkSync(path);
       } catch {
