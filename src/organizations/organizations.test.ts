@@ -3,9 +3,17 @@
  * operator key without SOL on a real cluster), and the next start finishes that setup.
  */
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import pino from 'pino';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import type { ChainClient } from '../chain/client.ts';
+import { loadConfig } from '../config/config.ts';
+import { openDatabase, quoteIdentifier } from '../db/database.ts';
+import { buildService, type Service } from '../server.ts';
 import { createOrganizationCommand } from './command.ts';
 import { bootstrapOrganizations, createOrganization } from './organizations.ts';
 
@@ -48,4 +56,36 @@ describe('creating an organisation', () => {
     await bootstrapOrganizations(t.service.ctx, null);
     assert.equal((await t.request('GET', '/v1/organization', { key })).status, 200);
   });
+});
+
+test('processes starting together on an empty database all start, with one default organisation', async (context) => {
+  const databaseUrl = process.env.DATABASE_URL;
+  if (!databaseUrl) {
+    context.skip('needs DATABASE_URL (PGlite has one process per data dir)');
+    return;
+  }
+  for (let round = 0; round < 3; round += 1) {
+    const schema = `t_${randomBytes(6).toString('hex')}`;
+    const dirs = [mkdtempSync(join(tmpdir(), 'av-race-')), mkdtempSync(join(tmpdir(), 'av-race-'))];
+    // The tests' own schema, made first (production uses the database's own schema).
+    const maker = await openDatabase({ databaseUrl, dataDir: null });
+    await maker.query(`CREATE SCHEMA ${quoteIdentifier(schema)}`);
+    await maker.close();
+    const started: Array<PromiseSettledResult<Service>> = await Promise.allSettled(dirs.map((dir): Promise<Service> => buildService(loadConfig({
+      AGENT_VAULT_DATA_DIR: dir, AGENT_VAULT_SLOT_MS: '0', AGENT_VAULT_VALIDATOR_THREAD: 'off', DATABASE_URL: databaseUrl, LOG_LEVEL: 'silent',
+    }), { schema, scheduleJobs: false, workers: false, logger: pino({ level: 'silent' }) })));
+    const services = started.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
+    try {
+      assert.deepEqual(started.map((result) => (result.status === 'fulfilled' ? 'started' : String(result.reason))), ['started', 'started']);
+      const defaults = await services[0]!.ctx.db.query('SELECT id FROM organizations WHERE is_default');
+      assert.equal(defaults.length, 1);
+      assert.equal(services.filter((service) => service.bootstrapAdminKey !== null).length, 1, 'one of them made it, and shows its key');
+    } finally {
+      for (const service of services) await service.close();
+      const admin = await openDatabase({ databaseUrl, dataDir: null });
+      await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
+      await admin.close();
+      for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+    }
+  }
 });

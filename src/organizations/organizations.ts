@@ -90,7 +90,10 @@ export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 
       ...await Promise.all(PRESETS.map((preset) => ctx.chain.setPolicyIx(orgId, preset.id, chainLimitsOf(preset.rules)))),
     ];
     const outcome = await ctx.chain.execute(instructions);
-    if (outcome.err) throw new Error(`provisioning organisation ${orgId} on chain failed: ${outcome.err.name}`);
+    // AlreadyInitialized with the reserve there: another process set it up at the same moment
+    // (its transaction held the same instructions).
+    const doneElsewhere = outcome.err?.name === 'AlreadyInitialized' && await ctx.chain.getAccountData(reserve) !== null;
+    if (outcome.err && !doneElsewhere) throw new Error(`provisioning organisation ${orgId} on chain failed: ${outcome.err.name}`);
   }
   await ctx.db.transaction(async (tx) => {
     await tx.query(`UPDATE organizations SET chain_status = 'ready' WHERE id = $1`, [orgId]);
@@ -110,6 +113,20 @@ export async function getOrganization(db: Queryable, orgId: string): Promise<Org
 export async function bootstrapOrganizations(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, bootstrapKey: string | null,
   options: { onAdminKey?: (orgId: string, adminKey: string) => void } = {},
+): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
+  try {
+    return await bootstrapOnce(ctx, bootstrapKey, options);
+  } catch (error) {
+    // Another process starting at the same moment created the default organisation (or stored
+    // the bootstrap key) first: a unique violation. Once more, it is found.
+    if ((error as { code?: unknown }).code !== '23505') throw error;
+    return bootstrapOnce(ctx, bootstrapKey, options);
+  }
+}
+
+async function bootstrapOnce(
+  ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, bootstrapKey: string | null,
+  options: { onAdminKey?: (orgId: string, adminKey: string) => void },
 ): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
   const pending = await ctx.db.query<{ id: string }>(`SELECT id FROM organizations WHERE chain_status = 'pending' ORDER BY id`);
   for (const { id } of pending) await provisionOrganizationOnChain(ctx, id);
