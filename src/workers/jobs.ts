@@ -14,9 +14,12 @@ import { syncPendingWallets } from '../wallets/wallets.ts';
 import { dispatchWebhooks, expireDeliveryLog } from '../webhooks/delivery.ts';
 import type { Job } from './runner.ts';
 
+/** The one job every process runs, workers or not: the service clock re-read (test-clock advances). */
+export const CLOCK_REFRESH_JOB = 'clock.refresh';
+
 export const JOBS: readonly Job[] = [
   {
-    name: 'clock.refresh',
+    name: CLOCK_REFRESH_JOB,
     intervalMs: 1_000,
     timeoutMs: 5_000,
     run: (ctx) => ctx.clock.refresh(),
