@@ -2,6 +2,7 @@
  * Organisations: each has a reserve account on chain (its USDC), the four preset policies, and
  * at least one admin API key. The first start creates a default organisation.
  */
+import { address } from '@solana/kit';
 import type { AppContext } from '../http/context.ts';
 import type { Queryable } from '../db/database.ts';
 import { generateApiKey, hashApiKey, describeKey, type Role } from '../auth/api-keys.ts';
@@ -101,6 +102,20 @@ export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 
   });
 }
 
+/**
+ * The default organisation's reserve, set up on chain, is there: otherwise the service runs
+ * against another chain than its database was made with (a new data dir, with a new embedded
+ * chain and operator key, beside an existing PostgreSQL), and every money move would fail.
+ */
+async function assertSameChain(
+  ctx: Pick<AppContext, 'chain'>, org: { id: string; reserve_address: string; chain_status: string },
+): Promise<void> {
+  if (org.chain_status !== 'ready' || await ctx.chain.getAccountData(address(org.reserve_address)) !== null) return;
+  throw new Error(`the default organisation ${org.id} of this database has no reserve (${org.reserve_address}) on this chain: `
+    + 'the chain, or the data dir that holds the embedded validator\'s state and the operator key, is not the one the database '
+    + 'was made with (a new AGENT_VAULT_DATA_DIR beside an existing DATABASE_URL?); start it with those');
+}
+
 export async function getOrganization(db: Queryable, orgId: string): Promise<OrganizationRow | null> {
   const rows = await db.query<OrganizationRow>('SELECT * FROM organizations WHERE id = $1', [orgId]);
   return rows[0] ?? null;
@@ -130,8 +145,10 @@ async function bootstrapOnce(
 ): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
   const pending = await ctx.db.query<{ id: string }>(`SELECT id FROM organizations WHERE chain_status = 'pending' ORDER BY id`);
   for (const { id } of pending) await provisionOrganizationOnChain(ctx, id);
-  const existing = await ctx.db.query<{ id: string }>('SELECT id FROM organizations WHERE is_default');
+  const existing = await ctx.db.query<{ id: string; reserve_address: string; chain_status: string }>(
+    'SELECT id, reserve_address, chain_status FROM organizations WHERE is_default');
   if (existing[0]) {
+    await assertSameChain(ctx, existing[0]);
     if (bootstrapKey) {
       // The configured bootstrap key is honoured even when set after the first start.
       const known = await ctx.db.query('SELECT 1 FROM api_keys WHERE key_hash = $1', [hashApiKey(bootstrapKey)]);
