@@ -100,7 +100,8 @@ describe('agent-vault serve', () => {
       child.stderr.on('data', (chunk) => { output += chunk; });
       const code = await new Promise<number | null>((resolve, reject) => {
         const timer = setTimeout(() => { child.kill('SIGKILL'); reject(new Error(`serve kept running after its listen failed:\n${output}`)); }, START_TIMEOUT_MS);
-        child.once('exit', (exitCode) => { clearTimeout(timer); resolve(exitCode); });
+        // 'close', not 'exit': its output may still be arriving when it has exited.
+        child.once('close', (exitCode) => { clearTimeout(timer); resolve(exitCode); });
       });
       assert.equal(code, 1, output);
       assert.match(output, /EADDRINUSE/);
