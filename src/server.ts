@@ -111,18 +111,8 @@ export async function serve(config: Config, { workers = true, http = true } = {}
     onAdminKey: (orgId, adminKey) => process.stdout.write(
       `\nDefault organisation ${orgId} created.\nAdmin API key (shown once, store it now):\n\n  ${adminKey}\n\n`),
   });
-  if (http) {
-    try {
-      await service.app.listen({ port: config.port, host: config.host });
-    } catch (error) {
-      // The port taken, a host that is not this machine's: nothing is left running (the workers,
-      // the validator's thread, the data dir's locks), so the process ends with the error.
-      await service.close().catch((closeError: unknown) => logger.error({ err: closeError }, 'closing after a failed start failed'));
-      throw error;
-    }
-  } else {
-    logger.info({ jobs: JOBS.map((job) => job.name) }, 'workers running (no HTTP listener)');
-  }
+  // Before the listener: a signal that comes while it starts (just after its "listening" line,
+  // say) is a graceful shutdown too, not the default's immediate end.
   let closing = false;
   const shutdown = async (signal: string) => {
     if (closing) return;
@@ -142,4 +132,19 @@ export async function serve(config: Config, { workers = true, http = true } = {}
   };
   process.once('SIGTERM', () => void shutdown('SIGTERM'));
   process.once('SIGINT', () => void shutdown('SIGINT'));
+  if (http) {
+    try {
+      await service.app.listen({ port: config.port, host: config.host });
+    } catch (error) {
+      // The port taken, a host that is not this machine's: nothing is left running (the workers,
+      // the validator's thread, the data dir's locks), so the process ends with the error.
+      closing = true;
+      await service.close().catch((closeError: unknown) => logger.error({ err: closeError }, 'closing after a failed start failed'));
+      process.removeAllListeners('SIGTERM');
+      process.removeAllListeners('SIGINT');
+      throw error;
+    }
+  } else {
+    logger.info({ jobs: JOBS.map((job) => job.name) }, 'workers running (no HTTP listener)');
+  }
 }
