@@ -80,10 +80,14 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     if (request.body && typeof request.body === 'object' && !Array.isArray(request.body)) {
       request.body = camelCaseKeys(request.body as Record<string, unknown>);
     }
-    // PostgreSQL stores no NUL character, in text or in JSON: refused here, with the field it is
-    // in, rather than as the database's failure (a 500) once the request has come that far.
-    const nul = nulPath(request.params, '') ?? nulPath(request.query, '') ?? nulPath(request.body, '');
-    if (nul !== null) throw invalidRequest(nul || 'body', `"${nul || 'body'}" contains a NUL character (\\u0000), which is not allowed.`);
+    // PostgreSQL stores no NUL character, in text or in JSON, and no unpaired UTF-16 surrogate in
+    // JSON: refused here, with the field it is in, rather than as the database's failure (a 500)
+    // once the request has come that far.
+    const found = unstorableText(request.params, '') ?? unstorableText(request.query, '') ?? unstorableText(request.body, '');
+    if (found !== null) {
+      const param = found.path || 'body';
+      throw invalidRequest(param, `"${param}" contains ${found.what}, which is not allowed.`);
+    }
   });
 
   await app.register(rateLimit, {
@@ -217,25 +221,38 @@ export function dependencyDown(error: unknown, depth = 0): boolean {
 }
 
 /**
- * The path (`a.0.b`, keys in snake_case) of the first string or key holding U+0000 in `value`;
- * null when none does. Walked with a stack of its own: a body nested thousands deep (JSON.parse
- * takes it) is still walked, and then refused by the schema.
+ * The path (`a.0.b`, keys in snake_case) of the first string or key in `value` that PostgreSQL
+ * cannot store, and what it holds: U+0000, or a UTF-16 surrogate without its pair (JSON's
+ * `"\ud800"` parses to one; jsonb refuses it). Null when there is none. Walked with a stack of
+ * its own: a body nested thousands deep (JSON.parse takes it) is still walked, and then refused
+ * by the schema.
  */
-function nulPath(value: unknown, path: string): string | null {
-  // Each entry: a value, its path, and whether the key that names it holds a NUL (its parent's path).
-  const stack: Array<[unknown, string, string | null]> = [[value, path, null]];
+function unstorableText(value: unknown, path: string): { path: string; what: string } | null {
+  // Each entry: a value, its path, and what the key naming it holds (then its parent's path).
+  const stack: Array<[unknown, string, { path: string; what: string } | null]> = [[value, path, null]];
   while (stack.length) {
-    const [item, at, badKeyAt] = stack.pop()!;
-    if (badKeyAt !== null) return badKeyAt || 'body';
+    const [item, at, badKey] = stack.pop()!;
+    if (badKey !== null) return badKey;
     if (typeof item === 'string') {
-      if (item.includes('\u0000')) return at;
+      const what = unstorableIn(item);
+      if (what !== null) return { path: at, what };
       continue;
     }
     if (!item || typeof item !== 'object') continue;
     for (const [key, child] of Object.entries(item).reverse()) {
-      stack.push([child, at ? `${at}.${toSnakeCase(key)}` : toSnakeCase(key), key.includes('\u0000') ? at : null]);
+      const keyHolds = unstorableIn(key);
+      stack.push([child, at ? `${at}.${toSnakeCase(key)}` : toSnakeCase(key), keyHolds === null ? null : { path: at, what: keyHolds }]);
     }
   }
+  return null;
+}
+
+/** A lone surrogate: a high one not followed by a low one, or a low one not after a high one. */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+function unstorableIn(text: string): string | null {
+  if (text.includes('\u0000')) return 'a NUL character (\\u0000)';
+  if (LONE_SURROGATE.test(text)) return 'an unpaired UTF-16 surrogate (\\ud800-\\udfff)';
   return null;
 }
 

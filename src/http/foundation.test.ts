@@ -62,6 +62,28 @@ describe('HTTP foundation', () => {
     }
   });
 
+  test('an unpaired UTF-16 surrogate (which jsonb refuses) is 400 naming where; a pair (an emoji) is stored', async () => {
+    const cases: Array<[Record<string, unknown>, string]> = [
+      [{ domain: 'lone-high.example', address: 'x', label: 'a \ud800 b' }, 'label'],
+      [{ domain: 'lone-low.example', address: 'x', label: '\udc00' }, 'label'],
+      [{ domain: 'lone-key.example', address: 'x', label: 'ok', ['\ud83d']: 1 }, 'body'],
+    ];
+    for (const [body, param] of cases) {
+      const response = await t.request('POST', '/v1/recipients', { body });
+      assert.equal(response.status, 400, JSON.stringify(response.body));
+      assert.equal(response.body.error.code, 'invalid_request');
+      assert.equal(response.body.error.param, param);
+      assert.match(response.body.error.message, /unpaired UTF-16 surrogate/);
+    }
+    // A policy's audit trail is JSON: a lone surrogate in its name would have failed there (500).
+    const policy = await t.request('POST', '/v1/policies', { body: { name: `lone-\ud800-${process.pid}`, maxPerTx: '1' } });
+    assert.equal(policy.status, 400, JSON.stringify(policy.body));
+    assert.equal(policy.body.error.param, 'name');
+    const emoji = await t.request('POST', '/v1/policies', { body: { name: `pair-\ud83d\ude00-${process.pid}`, maxPerTx: '1' } });
+    assert.equal(emoji.status, 200, JSON.stringify(emoji.body));
+    assert.equal(emoji.body.name, `pair-\u{1f600}-${process.pid}`);
+  });
+
   test('a body nested thousands deep is 400, not a walk of it that runs out of stack', async () => {
     for (const [open, close] of [['[', ']'], ['[{"":', '}]']] as const) {
       const deep = `{"domain":"deep.example","address":"x","label":${open.repeat(5_000)}1${close.repeat(5_000)}}`;
