@@ -156,10 +156,13 @@ export function assertPublicUrl(url: string, options: { allowPrivate: boolean; p
   } catch {
     return refuse('is not an absolute URL');
   }
+  // What is stored and called is the parsed form, which percent-encodes: `é` becomes six characters.
+  if (parsed.href.length > OUTBOUND_URL_LENGTH_MAX) refuse(`must be at most ${OUTBOUND_URL_LENGTH_MAX} characters once percent-encoded`);
   const problem = urlFormProblem(parsed);
   if (problem) refuse(problem);
   if (options.allowPrivate) return parsed;
-  const host = hostOf(parsed).toLowerCase();
+  // Every trailing dot: `localhost..` is localhost too.
+  const host = hostOf(parsed).toLowerCase().replace(/\.+$/, '');
   if (host === 'localhost' || host.endsWith('.localhost')) refuse('must not point at localhost');
   if (isIP(host) && !isPublicAddress(host)) {
     refuse('must point at a public address (loopback, private, link-local, CGNAT and reserved addresses are refused)');

@@ -172,6 +172,8 @@ describe('webhooks API', () => {
       [{ url: 'https://user:pw@example.com/', events: '*' }, 'url'],
       [{ url: 'not a url', events: '*' }, 'url'],
       [{ url: `https://example.com/${'a'.repeat(2100)}`, events: '*' }, 'url'],
+      // Short as sent, too long as stored (percent-encoded): was the column's CHECK, a 500.
+      [{ url: `https://example.com/${'é'.repeat(400)}`, events: '*' }, 'url'],
       [{ events: '*' }, 'url'],
       [{ url: 'https://example.com/' }, 'events'],
       [{ url: 'https://example.com/', events: [] }, 'events'],
@@ -196,6 +198,7 @@ describe('webhooks API', () => {
       [{ status: 'degraded' }, 'status'],
       [{ status: 'paused' }, 'status'],
       [{ url: 'gopher://example.com/' }, 'url'],
+      [{ url: `https://example.com/${'é'.repeat(400)}` }, 'url'],
       [{ events: ['nope'] }, 'events'],
       [{ signing_secret: 'whsec_x' }, 'signing_secret'],
     ];
