@@ -189,6 +189,37 @@ describe('wallets', () => {
     assert.equal(row!.chain_status, 'ready');
   });
 
+  test('a freeze whose chain write is slow and an unfreeze meanwhile: the vault ends as the wallet says, one sync at a time', async () => {
+    const wallet = await createWallet(t);
+    const { chain, db } = t.service.ctx;
+    const execute = chain.execute;
+    let letFreezeLand!: () => void;
+    const freezeHeld = new Promise<void>((resolve) => { letFreezeLand = resolve; });
+    let calls = 0;
+    // The freeze's transaction is slow to land (a far RPC node, a cluster's confirmation).
+    chain.execute = async (...args: Parameters<typeof execute>) => {
+      calls += 1;
+      if (calls === 1) await freezeHeld;
+      return execute.apply(chain, args);
+    };
+    try {
+      const freeze = t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { status: 'frozen' } });
+      while (calls === 0) await new Promise((resolve) => setTimeout(resolve, 5));
+      // Committed while the freeze is in flight; its sync must not find "nothing to send" and call it ready.
+      const unfreeze = await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { status: 'active' } });
+      assert.equal(unfreeze.status, 200);
+      assert.equal(unfreeze.body.status, 'active');
+      letFreezeLand();
+      assert.equal((await freeze).status, 200);
+    } finally {
+      chain.execute = execute;
+    }
+    const [row] = await db.query<{ status: string; chain_status: string; sync_holder: string | null }>(
+      'SELECT status, chain_status, sync_holder FROM wallets WHERE id = $1', [wallet.wallet_id]);
+    assert.deepEqual(row, { status: 'active', chain_status: 'ready', sync_holder: null });
+    assert.equal((await chain.getVault(address(wallet.chain_address)))!.frozen, false, 'the vault on chain is not frozen');
+  });
+
   test('archive: refused with a balance, then only reads are answered', async () => {
     const wallet = await createWallet(t);
     await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '5' } });

@@ -8,6 +8,7 @@
  * state has not caught up is `chain_status = 'pending'`, and the `wallets.sync` job finishes it
  * after a crash or a failed send.
  */
+import { randomUUID } from 'node:crypto';
 import { Type } from 'typebox';
 import { address } from '@solana/kit';
 import type { Clock } from '../clock/clock.ts';
@@ -297,12 +298,25 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
   return provisionedWallet(ctx, orgId, walletId);
 }
 
+/** How long a creation waits for another sync that is creating the same vault. */
+const PROVISION_WAIT_MS = 10_000;
+const PROVISION_POLL_MS = 50;
+
 /** The wallet once its vault exists on chain (created now when it does not yet). */
 export async function provisionedWallet(ctx: Ctx, orgId: string, walletId: string): Promise<WalletWithPolicy> {
   const wallet = await getWallet(ctx.db, orgId, walletId);
   if (wallet.provisioned_at !== null) return wallet;
   try {
-    await syncWalletToChain(ctx, orgId, walletId);
+    if (!(await syncWalletToChain(ctx, orgId, walletId))) {
+      // Another sync (the wallets.sync job, or this request's own earlier try) is creating it.
+      const deadline = Date.now() + PROVISION_WAIT_MS;
+      while (Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, PROVISION_POLL_MS));
+        const current = await getWallet(ctx.db, orgId, walletId);
+        if (current.provisioned_at !== null) return current;
+      }
+      throw new Error('another sync of the wallet has not created its vault yet');
+    }
   } catch (error) {
     ctx.log.warn({ err: error, walletId }, 'vault provisioning did not finish; wallets.sync will retry');
     throw new ServiceError('service_unavailable',
@@ -319,20 +333,78 @@ export function normaliseTags(tags: string[]): string[] {
 // The chain catches up with the database
 
 /**
- * Brings the vault account on chain to the wallet's state: created when missing; the attached
- * policy; frozen when the wallet is frozen or archived. Marks the wallet `ready` only if nothing
- * changed in the database meanwhile (otherwise the next pass picks the change up).
+ * How long one sync holds its wallet: past the 60 s (150 slots) in which a transaction it sent
+ * can still land, so that a sync that stopped halfway (its process died, its chain call failed
+ * with the transaction perhaps sent) is taken over only once nothing it sent can land.
  */
-export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<void> {
-  const [wallet] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, walletId]);
-  if (!wallet) return;
+export const WALLET_SYNC_LEASE_MS = 90_000;
+/** Passes of one sync over a wallet that changes while it runs; the wallets.sync job does the rest. */
+const SYNC_PASSES_MAX = 3;
+
+/**
+ * Brings the vault account on chain to the wallet's state: created when missing; the attached
+ * policy; frozen when the wallet is frozen or archived. One sync at a time per wallet, under a
+ * lease (migration 0024): two at once could each send what the other undid, a freeze landing
+ * after an unfreeze's sync had found nothing to send. The wallet is marked `ready` only if
+ * nothing changed in the database since the pass read it; otherwise the holder makes another
+ * pass. Returns false when another sync holds the wallet (it stays `pending` for that sync or
+ * the wallets.sync job). A chain refusal (settled: nothing is in flight) releases the lease; a
+ * call that failed otherwise keeps it until it lapses, since what it sent may still land.
+ */
+export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<boolean> {
+  const holder = randomUUID();
+  const claimedAt = ctx.clock.nowMs();
+  const [claimed] = await ctx.db.query<WalletRow>(
+    `UPDATE wallets SET sync_holder = $3, sync_lease_until = $4
+     WHERE org_id = $1 AND id = $2 AND (sync_lease_until IS NULL OR sync_lease_until <= $5) RETURNING *`,
+    [orgId, walletId, holder, new Date(claimedAt + WALLET_SYNC_LEASE_MS), new Date(claimedAt)]);
+  if (!claimed) return false;
+  const release = (q: Queryable) =>
+    q.query('UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL WHERE id = $1 AND sync_holder = $2', [walletId, holder]);
+  let wallet = claimed;
+  for (let pass = 1; ; pass += 1) {
+    const refused = await sendVaultChanges(ctx, orgId, wallet);
+    if (refused) {
+      await release(ctx.db);
+      throw new Error(refused);
+    }
+    const changed = await ctx.db.transaction(async (tx) => {
+      const nowMs = ctx.clock.nowMs();
+      const [current] = await tx.query<WalletRow>('SELECT * FROM wallets WHERE id = $1 FOR UPDATE', [walletId]);
+      if (!current) return null;
+      if (current.provisioned_at === null) {
+        await tx.query('UPDATE wallets SET provisioned_at = $2 WHERE id = $1', [walletId, new Date(nowMs)]);
+        await recordEvent(tx, nowMs, {
+          orgId, type: 'wallet.created', walletId,
+          summary: `Wallet created for agent ${current.agent_id}`,
+          payload: { wallet_id: walletId, agent_id: current.agent_id, chain_address: current.chain_address, label: current.label,
+            policy_id: current.policy_id },
+        });
+      }
+      if (current.updated_at.getTime() !== wallet.updated_at.getTime()) return current;
+      await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
+      await release(tx);
+      return null;
+    });
+    if (changed === null) return true;
+    if (pass === SYNC_PASSES_MAX) {
+      await release(ctx.db);
+      return true;
+    }
+    wallet = changed;
+  }
+}
+
+/**
+ * One pass: the vault created if missing, then the policy and the frozen flag the wallet row
+ * asks for, each sent only if the chain differs. Returns why the chain refused, or null.
+ */
+async function sendVaultChanges(ctx: Ctx, orgId: string, wallet: WalletRow): Promise<string | null> {
   let vault = await ctx.chain.getVault(address(wallet.chain_address));
   if (!vault) {
     const created = await ctx.chain.execute([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
-    // AlreadyInitialized: another process (the request, or the wallets.sync job) created it first.
-    if (created.err && created.err.name !== 'AlreadyInitialized') {
-      throw new Error(`creating vault ${wallet.chain_address} failed: ${created.err.name}`);
-    }
+    // AlreadyInitialized: created by a sync before this one (its lease lapsed).
+    if (created.err && created.err.name !== 'AlreadyInitialized') return `creating vault ${wallet.chain_address} failed: ${created.err.name}`;
     vault = await ctx.chain.getVault(address(wallet.chain_address));
     if (!vault) throw new Error(`vault ${wallet.chain_address} missing after creation`);
   }
@@ -343,25 +415,9 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
   if (vault.frozen !== wantFrozen) instructions.push(await ctx.chain.setFrozenIx(orgId, wallet.agent_id, wantFrozen));
   if (instructions.length) {
     const outcome = await ctx.chain.execute(instructions);
-    if (outcome.err) throw new Error(`updating vault ${wallet.chain_address} failed: ${outcome.err.name}`);
+    if (outcome.err) return `updating vault ${wallet.chain_address} failed: ${outcome.err.name}`;
   }
-  await ctx.db.transaction(async (tx) => {
-    const nowMs = ctx.clock.nowMs();
-    const [current] = await tx.query<WalletRow>('SELECT * FROM wallets WHERE id = $1 FOR UPDATE', [walletId]);
-    if (!current) return;
-    if (current.provisioned_at === null) {
-      await tx.query('UPDATE wallets SET provisioned_at = $2 WHERE id = $1', [walletId, new Date(nowMs)]);
-      await recordEvent(tx, nowMs, {
-        orgId, type: 'wallet.created', walletId,
-        summary: `Wallet created for agent ${current.agent_id}`,
-        payload: { wallet_id: walletId, agent_id: current.agent_id, chain_address: current.chain_address, label: current.label,
-          policy_id: current.policy_id },
-      });
-    }
-    if (current.updated_at.getTime() === wallet.updated_at.getTime()) {
-      await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
-    }
-  });
+  return null;
 }
 
 const SYNC_BATCH_MAX = 50;
@@ -373,8 +429,7 @@ export async function syncPendingWallets(ctx: Ctx): Promise<number> {
   let synced = 0;
   for (const wallet of pending) {
     try {
-      await syncWalletToChain(ctx, wallet.org_id, wallet.id);
-      synced += 1;
+      if (await syncWalletToChain(ctx, wallet.org_id, wallet.id)) synced += 1;
     } catch (error) {
       ctx.log.warn({ err: error, walletId: wallet.id }, 'wallet chain sync failed; retrying on the next run');
     }
