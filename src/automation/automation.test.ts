@@ -139,7 +139,7 @@ describe('events, wallet states and automation', () => {
           assert.equal(await expirePolicies(t.service.ctx), 1);
         });
       assert.equal(moved.status, 400, JSON.stringify(moved.body));
-      assert.equal(moved.body.error.param, 'policyId');
+      assert.equal(moved.body.error.param, 'policy_id');
       const after = await t.request('GET', `/v1/wallets/${wallet.wallet_id}`);
       assert.equal(after.body.policy.policy_id, 'pol_permissive', 'left on its policy');
       assert.equal(after.body.status, 'active');
@@ -161,13 +161,13 @@ describe('events, wallet states and automation', () => {
     const refused = await t.request('POST', '/v1/wallets', { body: { agentId: `late-${process.pid}`, label: 'Late', policyId } });
     assert.equal(refused.status, 400, JSON.stringify(refused.body));
     assert.equal(refused.body.error.code, 'invalid_request');
-    assert.equal(refused.body.error.param, 'policyId');
+    assert.equal(refused.body.error.param, 'policy_id');
     assert.equal((await t.request('GET', `/v1/wallets?limit=100`)).body.data.some((w: { agent_id: string }) => w.agent_id === `late-${process.pid}`),
       false, 'no vault was created');
     const other = await fundedWallet(t, '3');
     const moved = await t.request('PATCH', `/v1/wallets/${other.wallet_id}`, { body: { policyId } });
     assert.equal(moved.status, 400, JSON.stringify(moved.body));
-    assert.equal(moved.body.error.param, 'policyId');
+    assert.equal(moved.body.error.param, 'policy_id');
     assert.equal((await t.request('GET', `/v1/wallets/${other.wallet_id}`)).body.policy.policy_id, 'pol_permissive', 'left on its policy');
 
     assert.equal((await t.request('PATCH', `/v1/policies/${policyId}`, { body: { expiry: inAnHour() } })).status, 200);

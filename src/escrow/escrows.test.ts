@@ -253,6 +253,30 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('a verifier revoked while an escrow naming it is being signed: the escrow is refused, nothing is locked', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const late = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
+    const { chain } = t.service.ctx;
+    const prepare = chain.prepare;
+    chain.prepare = async (...args: Parameters<typeof prepare>) => {
+      chain.prepare = prepare;
+      assert.equal((await t.request('DELETE', `/v1/verifiers/${late.body.verifier_id}`)).status, 200);
+      return prepare.apply(chain, args);
+    };
+    const balanceBefore = await balanceOf(t, from.wallet_id);
+    try {
+      const refused = await open(from, to.wallet_id, { verifierId: late.body.verifier_id });
+      assert.equal(refused.status, 400, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'invalid_request');
+      assert.equal(refused.body.error.param, 'verifier_id');
+      assert.match(refused.body.error.message, /revoked/);
+    } finally {
+      chain.prepare = prepare;
+    }
+    assert.equal(await balanceOf(t, from.wallet_id), balanceBefore);
+  });
+
   // Guarantee: revoking a verifier, or rotating the receiving vault's session token, stops the
   // proofs they signed at once, even one already checked by a completion still on its way to
   // recording the release.

@@ -275,6 +275,9 @@ export async function createEscrow(
       const refusal = vaultRefusal(wallet, options.sessionKey ?? null, recordedMs);
       if (refusal) throw refusal;
       if (wallet.policy_id !== unlocked.policy_id) return null;
+      // Again under a share lock: a revocation committed while the escrow was signed is seen, and
+      // one arriving now waits for this escrow (which it then finds among those naming it).
+      if (input.verifierId !== null) await assertVerifierUsable(tx, orgId, input.verifierId, { lock: true });
       const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
       const rules = await rulesFor(tx, wallet);
       const decision = evaluate(rules, spendStateOf(windows), {

@@ -45,11 +45,11 @@ export function idempotencyKeyOf(headerValue: unknown, bodyValue: unknown): stri
   const header = typeof headerValue === 'string' ? headerValue : null;
   const body = typeof bodyValue === 'string' ? bodyValue : null;
   if (header !== null && body !== null && header !== body) {
-    throw invalidRequest('idempotencyKey', 'the Idempotency-Key header and idempotencyKey differ');
+    throw invalidRequest('idempotency_key', 'the Idempotency-Key header and idempotencyKey differ');
   }
   const key = header ?? body;
   if (key !== null && !KEY_PATTERN.test(key)) {
-    throw invalidRequest('idempotencyKey', 'an idempotency key is 1 to 255 printable ASCII characters');
+    throw invalidRequest('idempotency_key', 'an idempotency key is 1 to 255 printable ASCII characters');
   }
   return key;
 }

@@ -325,7 +325,7 @@ describe('verifyCallbackProof and assertVerifierUsable', () => {
     for (const [orgId, verifierId] of [[other.orgId, id], [t.orgId, 'ver_unknown']] as const) {
       const error = await refusal(assertVerifierUsable(db(), orgId, verifierId));
       assert.equal(error.code, 'invalid_request');
-      assert.deepEqual(error.details, { param: 'verifierId' });
+      assert.deepEqual(error.details, { param: 'verifier_id' });
     }
     await t.request('DELETE', `/v1/verifiers/${id}`);
     const error = await refusal(assertVerifierUsable(db(), t.orgId, id));

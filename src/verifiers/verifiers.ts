@@ -181,11 +181,13 @@ export async function rotateVerifierSecret(q: Queryable, nowMs: number, orgId: s
 // For escrows
 
 /** At escrow creation: the verifier an escrow names must be one of the organisation's, and active. */
-export async function assertVerifierUsable(q: Queryable, orgId: string, verifierId: string): Promise<void> {
+export async function assertVerifierUsable(
+  q: Queryable, orgId: string, verifierId: string, options: { lock?: boolean } = {},
+): Promise<void> {
   const rows = await q.query<Pick<VerifierRow, 'revoked_at'>>(
-    'SELECT revoked_at FROM verifiers WHERE org_id = $1 AND id = $2', [orgId, verifierId]);
-  if (!rows[0]) throw invalidRequest('verifierId', `No verifier ${quoted(verifierId)} in your organisation: register it with POST /v1/verifiers.`);
-  if (rows[0].revoked_at) throw invalidRequest('verifierId', `Verifier ${quoted(verifierId)} is revoked.`);
+    `SELECT revoked_at FROM verifiers WHERE org_id = $1 AND id = $2${options.lock ? ' FOR SHARE' : ''}`, [orgId, verifierId]);
+  if (!rows[0]) throw invalidRequest('verifier_id', `No verifier ${quoted(verifierId)} in your organisation: register it with POST /v1/verifiers.`);
+  if (rows[0].revoked_at) throw invalidRequest('verifier_id', `Verifier ${quoted(verifierId)} is revoked.`);
 }
 
 function invalidProof(reason: string): ServiceError {

@@ -224,7 +224,7 @@ async function assertPolicyUsable(q: Queryable, orgId: string, policyId: string,
   // already expired says so, so no vault is attached after the job froze the policy's vaults.
   const { expiry, expired_at: expiredAt } = rows[0]!;
   if (expiry && (expiredAt !== null || expiry.getTime() <= clock.nowMs())) {
-    throw invalidRequest('policyId', `Policy ${policyId} expired at ${expiry.toISOString()}: extend its expiry, or attach another policy.`);
+    throw invalidRequest('policy_id', `Policy ${policyId} expired at ${expiry.toISOString()}: extend its expiry, or attach another policy.`);
   }
 }
 
