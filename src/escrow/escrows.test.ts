@@ -739,5 +739,19 @@ describe('escrow', () => {
       body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '1', currency: 'USDC', taskDescription: 'agent' },
     });
     assert.equal(withToken.status, 200, JSON.stringify(withToken.body));
+
+    // The token of the paying vault, expired: 401 session_token_expired (rotate it), not the 403
+    // the receiving vault of the same organisation, which it does not match, would give.
+    const shortLived = (await t.request('POST', `/v1/wallets/${from.wallet_id}/rotate-token`, { body: { ttlSeconds: 60 } })).body.session_token;
+    const escrowId = withToken.body.escrow_id;
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 120 } });
+    const reads = [
+      await t.request('GET', `/v1/payments/a2a/${escrowId}`, { key: agent, headers: { 'session-token': shortLived } }),
+      await t.request('POST', `/v1/payments/a2a/${escrowId}/dispute`, { key: agent, headers: { 'session-token': shortLived }, body: { reason: 'late' } }),
+    ];
+    for (const response of reads) {
+      assert.equal(response.status, 401, JSON.stringify(response.body));
+      assert.equal(response.body.error.code, 'session_token_expired');
+    }
   });
 });

@@ -116,16 +116,18 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     const token = sessionTokenOf(headers);
     const vaults = [escrow.org_id === principal.orgId ? escrow.from_wallet_id : null,
       escrow.receiver_org_id === principal.orgId ? escrow.to_wallet_id : null].filter((id): id is string => id !== null);
-    let lastError: unknown = new ServiceError('session_token_invalid', 'Send the Session-Token of a vault taking part in this escrow.');
+    let refusal: unknown = new ServiceError('session_token_invalid', 'Send the Session-Token of a vault taking part in this escrow.');
+    const expired = (error: unknown) => error instanceof ServiceError && error.code === 'session_token_expired';
     for (const walletId of vaults) {
       try {
         assertVaultAccess(principal, await getWallet(ctx.db, principal.orgId, walletId), token, ctx.clock.nowMs());
         return;
       } catch (error) {
-        lastError = error;
+        // The token is one vault's, expired: that is the answer, whatever the other vault says.
+        if (!expired(refusal)) refusal = error;
       }
     }
-    throw lastError;
+    throw refusal;
   };
 
   /** An escrow, or the policy violation that refused it (as a payment's: with the vault and its policy). */
