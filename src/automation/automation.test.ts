@@ -11,6 +11,7 @@ import { holdLocks, queuedBehind, queuedRequest, secondConnection, type HeldLock
 import { encodeBase58 } from '../chain/base58.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
 import { expirePolicies, largeTransactionAlerts, runWalletAutomation } from './automation.ts';
+import { EVENT_TYPES } from '../events/events.ts';
 
 describe('events, wallet states and automation', () => {
   let t: TestService;
@@ -52,6 +53,15 @@ describe('events, wallet states and automation', () => {
     assert.ok(warnings.body.data.every((e: { severity: string }) => e.severity === 'warning'), 'only warnings');
     const future = await t.request('GET', `/v1/events?from=${new Date(t.service.ctx.clock.nowMs() + 60_000).toISOString()}`);
     assert.deepEqual(future.body.data, []);
+    // A `to` alone, before the horizon: nothing, not a complaint about a `from` never sent.
+    const toOnly = await t.request('GET', '/v1/events?to=2020-01-01T00:00:00Z');
+    assert.equal(toOnly.status, 200, JSON.stringify(toOnly.body));
+    assert.deepEqual(toOnly.body.data, []);
+    // Every event type named, some twice: a filter, not a refusal.
+    const everyType = [...EVENT_TYPES, ...EVENT_TYPES.slice(0, 3)].join(',');
+    const typed = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&type=${everyType}`);
+    assert.equal(typed.status, 200, JSON.stringify(typed.body));
+    assert.equal(typed.body.data.length, 4);
     // "The last 90 days" as a client computes it, a moment before the service reads its clock, and
     // anything earlier: the feed starts where it ends, 90 days back.
     for (const days of [90, 91, 3650]) {
