@@ -15,7 +15,9 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { newId } from '../ids/ids.ts';
 import { runExportCommand } from './command.ts';
-import { BUILD_ATTEMPTS_MAX, BUILD_LEASE_MS, EXPORT_RECORD_RETENTION_MS, EXPORT_TTL_MS, PROCESSING_PER_ORG_MAX, claimExport } from './exports.ts';
+import {
+  BUILD_ATTEMPTS_MAX, BUILD_LEASE_MS, EXPORT_RECORD_RETENTION_MS, EXPORT_TTL_MS, KEPT_PER_ORG_MAX, KEPT_ROWS_PER_ORG_MAX, PROCESSING_PER_ORG_MAX, claimExport,
+} from './exports.ts';
 import { ContentWriter } from './storage.ts';
 
 type View = Record<string, any>;
@@ -346,6 +348,38 @@ describe('transaction exports', () => {
     for (const id of ids) assert.equal((await t.request('GET', `/v1/transactions/exports/${id}`)).body.status, 'ready');
     assert.equal((await t.request('POST', '/v1/transactions/export', { body: { format: 'csv', type: 'funding' } })).status, 200);
     await t.service.jobs.runOnce();
+  });
+
+  test(`what an organisation keeps is bounded: ${KEPT_PER_ORG_MAX} exports or ${KEPT_ROWS_PER_ORG_MAX} rows, processing or ready and unexpired`, async () => {
+    const org = await t.createOrganization('Hoarding exporter');
+    const { db } = t.service.ctx;
+    const nowMs = t.service.ctx.clock.nowMs();
+    const keep = (rows: number, expiresInMs: number) => db.query(
+      `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, content_oid, row_count, size_bytes,
+         created_by, created_at, ready_at, expires_at, updated_at)
+       VALUES ($1, $2, 'csv', 'ready', '{}', $3, $4, 1, $3, 0, 'test', $4, $4, $5, $4)`,
+      [newId('exp', nowMs), org.orgId, rows, new Date(nowMs), new Date(nowMs + expiresInMs)]);
+    const ask = () => t.request('POST', '/v1/transactions/export', { key: org.adminKey, body: { format: 'csv' } });
+    try {
+      // Files ready and kept, one short of the count; an expired one does not count.
+      for (let i = 0; i < KEPT_PER_ORG_MAX - 1; i += 1) await keep(0, 3_600_000);
+      await keep(0, -1);
+      const last = await ask();
+      assert.equal(last.status, 200, JSON.stringify(last.body));
+      const refused = await ask();
+      assert.equal(refused.status, 429, JSON.stringify(refused.body));
+      assert.equal(refused.body.error.code, 'rate_limited');
+      assert.match(refused.body.error.message, /keeps/);
+      await db.query('DELETE FROM exports WHERE org_id = $1', [org.orgId]);
+      // A file of every row an organisation may keep: the next export (of its funding) does not fit.
+      await fundedWallet(t, '1', 'pol_permissive', org.adminKey);
+      await keep(KEPT_ROWS_PER_ORG_MAX, 3_600_000);
+      const tooMany = await ask();
+      assert.equal(tooMany.status, 429, JSON.stringify(tooMany.body));
+      assert.match(tooMany.body.error.message, /rows/);
+    } finally {
+      await db.query('DELETE FROM exports WHERE org_id = $1', [org.orgId]);
+    }
   });
 
   test('agent-vault export polls, downloads with a progress bar and writes the file', async () => {

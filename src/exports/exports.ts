@@ -40,6 +40,13 @@ export const EXPORT_ROWS_MAX = 10_000_000;
 export const EXPORT_PAGE_ROWS = 1_000;
 /** Exports an organisation may have waiting or building at once. */
 export const PROCESSING_PER_ORG_MAX = 5;
+/**
+ * What an organisation may hold in storage at once, counting exports processing and files ready
+ * and not yet expired (kept 24 h): files, and their rows (20,000,000 rows is about 13 GB of CSV).
+ * The processing limit alone let a read-only key fill the database, five files at a time.
+ */
+export const KEPT_PER_ORG_MAX = 50;
+export const KEPT_ROWS_PER_ORG_MAX = 20_000_000;
 /** A build holds its export this long without renewing (it renews after every page). */
 export const BUILD_LEASE_MS = 60_000;
 /** Builds an export may start; interrupted that many times, it fails. */
@@ -224,7 +231,7 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
     to: filter.to?.toISOString() ?? null,
   };
   // The quota first: a request it refuses costs no count of the organisation's transactions.
-  await assertBelowQuota(ctx.db, principal.orgId);
+  await assertBelowQuota(ctx.db, principal.orgId, nowMs, 0);
   const rows = await countTransactions(ctx.db, principal.orgId, buildFilter({ filter: stored, created_at: createdAt }), EXPORT_ROWS_MAX + 1);
   if (rows > EXPORT_ROWS_MAX) {
     throw invalidRequest('from', `The filter selects more than ${EXPORT_ROWS_MAX} transactions: narrow it with from and to, and export in parts.`);
@@ -234,7 +241,7 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
     // Again, with the organisation's row locked (as every count per organisation is:
     // src/organizations/limits.ts), so that requests side by side cannot both pass it.
     await lockOrganization(tx, principal.orgId);
-    await assertBelowQuota(tx, principal.orgId);
+    await assertBelowQuota(tx, principal.orgId, nowMs, rows);
     const [row] = await tx.query<ExportRow>(
       `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
        VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8, $8)
@@ -244,12 +251,21 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
   });
 }
 
-async function assertBelowQuota(q: Queryable, orgId: string): Promise<void> {
-  const [processing] = await q.query<{ n: bigint }>(
-    `SELECT count(*)::bigint AS n FROM exports WHERE org_id = $1 AND status = 'processing'`, [orgId]);
-  if (Number(processing?.n ?? 0n) >= PROCESSING_PER_ORG_MAX) {
+/** The organisation's exports processing, and what it keeps, leave room for one more of `rows` rows. */
+async function assertBelowQuota(q: Queryable, orgId: string, nowMs: number, rows: number): Promise<void> {
+  const [held] = await q.query<{ processing: bigint; kept: bigint; kept_rows: bigint }>(
+    `SELECT count(*) FILTER (WHERE status = 'processing')::bigint AS processing, count(*)::bigint AS kept,
+            COALESCE(sum(COALESCE(row_count, estimated_rows)), 0)::bigint AS kept_rows
+     FROM exports WHERE org_id = $1 AND (status = 'processing' OR (status = 'ready' AND expires_at > $2))`,
+    [orgId, new Date(nowMs)]);
+  if (Number(held?.processing ?? 0n) >= PROCESSING_PER_ORG_MAX) {
     throw new ServiceError('rate_limited',
       `Your organisation already has ${PROCESSING_PER_ORG_MAX} exports processing: wait until one is ready, then ask again.`);
+  }
+  if (Number(held?.kept ?? 0n) >= KEPT_PER_ORG_MAX || Number(held?.kept_rows ?? 0n) + rows > KEPT_ROWS_PER_ORG_MAX) {
+    throw new ServiceError('rate_limited',
+      `Your organisation keeps ${KEPT_PER_ORG_MAX} exports or ${KEPT_ROWS_PER_ORG_MAX} rows of them at most (processing, or ready `
+      + 'and not yet expired; a file is kept 24 hours): download the ones you have, or wait for them to expire.');
   }
 }
 
