@@ -252,6 +252,24 @@ describe('transaction exports', () => {
     assert.equal(csv.file.headers['content-disposition'], `attachment; filename="transactions-${csv.created.export_id}.csv"`);
     assert.equal(csv.file.headers['content-length'], String(csv.ready.size_bytes));
     assert.equal(csv.ready.file_name, `transactions-${csv.created.export_id}.csv`);
+    // HEAD: the same headers, and the file is not read from storage.
+    const { db } = t.service.ctx;
+    const query = db.query;
+    let reads = 0;
+    db.query = ((text: string, params?: unknown[]) => {
+      if (text.includes('lo_get')) reads += 1;
+      return query.call(db, text, params);
+    }) as typeof db.query;
+    try {
+      const head = await t.service.app.inject({ method: 'HEAD', url: csv.ready.download_url, headers: { authorization: `Bearer ${t.adminKey}` } });
+      assert.equal(head.statusCode, 200);
+      assert.equal(head.headers['content-length'], String(csv.ready.size_bytes));
+      assert.equal(head.headers['content-disposition'], csv.file.headers['content-disposition']);
+      assert.equal(head.rawPayload.length, 0);
+    } finally {
+      db.query = query;
+    }
+    assert.equal(reads, 0, 'HEAD read none of the file');
     const json = await exportOf({ format: 'json', type: 'funding' });
     assert.equal(json.file.headers['content-type'], 'application/x-ndjson; charset=utf-8');
     assert.equal(json.file.headers['content-disposition'], `attachment; filename="transactions-${json.created.export_id}.jsonl"`);

@@ -62,6 +62,8 @@ export function exportRoutes(app: App, ctx: AppContext): void {
       .header('Content-Length', String(download.sizeBytes))
       .header('Cache-Control', 'private, no-store')
       .header('X-Content-Type-Options', 'nosniff')
-      .send(Readable.from(download.content));
+      // HEAD, which Fastify answers with this handler and then drains the stream it is given, gets
+      // the headers (Content-Length the file's) and an empty stream: the file is not read.
+      .send(Readable.from(request.method === 'HEAD' ? [] : download.content));
   });
 }
