@@ -9,7 +9,7 @@ import { ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { newId } from '../ids/ids.ts';
-import { formatUsdc } from '../money/money.ts';
+import { MAX_MICRO_USDC, formatUsdc } from '../money/money.ts';
 import { getOrganization } from './organizations.ts';
 
 export interface DepositRow {
@@ -58,6 +58,15 @@ export async function depositTestUsdc(ctx: AppContext, orgId: string, amount: bi
   if (!ctx.cheatcodes) throw new ServiceError('not_found', 'Test helpers need the local validator.');
   const org = await getOrganization(ctx.db, orgId);
   if (!org) throw new ServiceError('not_found', 'No such organisation.');
+  // Refused before minting: the chain's u64 would take it, and the index's BIGINT columns (the
+  // reserve, then a vault it funds) would not, leaving the two apart for good.
+  const [held] = await ctx.db.query<{ total: string }>(
+    `SELECT (o.reserve_balance::numeric + COALESCE((SELECT sum(w.balance) FROM wallets w WHERE w.org_id = o.id), 0))::text AS total
+     FROM organizations o WHERE o.id = $1`, [orgId]);
+  if (BigInt(held?.total ?? '0') + amount > MAX_MICRO_USDC) {
+    throw new ServiceError('invalid_amount',
+      `The organisation would hold more than ${formatUsdc(MAX_MICRO_USDC)} USDC, the most the service keeps account of.`, { param: 'amount' });
+  }
   const signature = await ctx.cheatcodes.agentVault_mintUsdc(address(org.reserve_address), amount.toString()).send();
   const outcome = await ctx.chain.waitForOutcome(signature as Signature);
   if (outcome.err) throw new Error(`minting test USDC failed: ${outcome.err.name}`);

@@ -11,6 +11,7 @@ import { openDatabase } from '../db/database.ts';
 import { requestHash } from '../http/idempotency.ts';
 import { recordEvent } from '../events/events.ts';
 import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending, settleSignatures } from '../transactions/settlement.ts';
+import { MAX_MICRO_USDC, formatUsdc } from '../money/money.ts';
 
 let agentCounter = 0;
 
@@ -154,6 +155,22 @@ describe('funding and withdrawal', () => {
     const withdrawn = await t.service.ctx.db.query(`SELECT 1 FROM events WHERE type = 'wallet.withdrawn' AND wallet_id = $1`, [wallet.wallet_id]);
     assert.equal(withdrawn.length, 2);
     await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('a test deposit that would take the organisation past the largest amount is refused before minting; index = chain', async () => {
+    const whale = await t.createOrganization('Whale');
+    await deposit(t, formatUsdc(MAX_MICRO_USDC - 1_000_000n), whale.adminKey);
+    const wallet = await newWallet(t, whale.adminKey);
+    const funded = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { key: whale.adminKey, body: { amount: '1000' } });
+    assert.equal(funded.status, 200, JSON.stringify(funded.body));
+    // Reserve and vault together: the reserve alone would still take it, and a funding would then overflow the vault.
+    for (const amount of ['1.000001', '9223372036854.775807']) {
+      const over = await t.request('POST', '/v1/test_helpers/deposits', { key: whale.adminKey, body: { amount } });
+      assert.equal(over.status, 400, JSON.stringify(over.body));
+      assert.equal(over.body.error.code, 'invalid_amount');
+    }
+    await deposit(t, '1', whale.adminKey);
+    await assertIndexEqualsChainAndConserved(t, whale.orgId);
   });
 
   test('a frozen wallet can still be funded and emptied (money stays inside the organisation)', async () => {
