@@ -6,9 +6,10 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import type { Queryable } from '../db/database.ts';
 import { newId } from '../ids/ids.ts';
 import { parseTimeBound } from './routes.ts';
-import { explorerClusterQuery } from './views.ts';
+import { explorerClusterQuery, listTransactions, type TransactionFilter } from './views.ts';
 
 const LOCAL_CLUSTER = '?cluster=custom&customUrl=http%3A%2F%2F127.0.0.1%3A8899';
 const VIEW_FIELDS = [
@@ -355,6 +356,36 @@ describe('transaction index', () => {
     const walletList = await t.request('GET', `/v1/wallets/${walletA.wallet_id}/transactions`, { key: other.adminKey });
     assert.equal(walletList.status, 404);
     assert.equal(walletList.body.error.code, 'wallet_not_found');
+  });
+
+  test('a filter matching few of many rows is an index range scan, not a walk of the organisation', async () => {
+    const busy = await t.createOrganization('Busy filters');
+    const wallet = await newWallet(t, busy.adminKey);
+    const { db } = t.service.ctx;
+    await db.query(
+      `INSERT INTO transactions (id, org_id, wallet_id, type, status, amount, recipient, created_at, updated_at)
+       SELECT 'tx_filterseed' || lpad(g::text, 9, '0'), $1, $2, 'payment', 'confirmed', 10000, 'api.example.com',
+              timestamptz '2026-01-01' + g * interval '1 second', timestamptz '2026-01-01'
+       FROM generate_series(1, 20000) g`, [busy.orgId, wallet.wallet_id]);
+    await db.query('ANALYZE transactions');
+    const indexesUsed = async (filter: TransactionFilter): Promise<string[]> => {
+      let statement = { sql: '', params: [] as readonly unknown[] };
+      const recorder = { query: async (sql: string, params: readonly unknown[] = []) => { statement = { sql, params }; return []; }, exec: async () => {} };
+      await listTransactions(recorder as Queryable, busy.orgId, filter, { limit: 1, after: null });
+      const [plan] = await db.query<{ 'QUERY PLAN': unknown }>(`EXPLAIN (FORMAT JSON) ${statement.sql}`, statement.params);
+      return [...JSON.stringify(plan).matchAll(/"Index Name":"([a-z_]+)"/g)].map((match) => match[1]!);
+    };
+    for (const [filter, index, query] of [
+      [{ recipient: 'rare.example' }, 'transactions_org_recipient', 'recipient=rare.example'],
+      [{ type: 'withdrawal' }, 'transactions_org_type', 'type=withdrawal'],
+      [{ status: 'failed' }, 'transactions_org_status', 'status=failed'],
+    ] as Array<[TransactionFilter, string, string]>) {
+      assert.deepEqual(await indexesUsed(filter), [index], query);
+      const page = await t.request('GET', `/v1/transactions?limit=1&${query}`, { key: busy.adminKey });
+      assert.equal(page.status, 200, JSON.stringify(page.body));
+      assert.deepEqual(page.body.data, [], query);
+    }
+    await db.query(`DELETE FROM transactions WHERE org_id = $1 AND id LIKE 'tx_filterseed%'`, [busy.orgId]);
   });
 
   test('a viewer reads everything; an agent reads only its vault, with its session token', async () => {
