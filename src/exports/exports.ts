@@ -17,7 +17,7 @@ import { newId } from '../ids/ids.ts';
 import { filterOf, type ListQuery } from '../transactions/routes.ts';
 import type { TransactionStatus, TransactionType } from '../transactions/settlement.ts';
 import {
-  TransactionStatusSchema, TransactionTypeSchema, listTransactions, transactionView, type TransactionFilter,
+  TransactionStatusSchema, TransactionTypeSchema, listTransactions, transactionConditions, transactionView, type TransactionFilter,
 } from '../transactions/views.ts';
 import { getWallet } from '../wallets/wallets.ts';
 import { CONTENT_TYPES, FILE_EXTENSIONS, formatWriter, type ExportFormat } from './formats.ts';
@@ -199,20 +199,9 @@ function buildFilter(row: Pick<ExportRow, 'filter' | 'created_at'>): Transaction
  * conditions of listTransactions, which the build pages through.
  */
 async function countTransactions(q: Queryable, orgId: string, filter: TransactionFilter, cap: number): Promise<number> {
-  const params: unknown[] = [orgId];
-  const where = ['org_id = $1'];
-  const add = (column: string, operator: string, value: unknown) => {
-    params.push(value);
-    where.push(`${column} ${operator} $${params.length}`);
-  };
-  if (filter.walletId !== undefined) add('wallet_id', '=', filter.walletId);
-  if (filter.status !== undefined) add('status', '=', filter.status);
-  if (filter.type !== undefined) add('type', '=', filter.type);
-  if (filter.recipient !== undefined) add('recipient', '=', filter.recipient);
-  if (filter.from !== undefined) add('created_at', '>=', filter.from);
-  if (filter.to !== undefined) add('created_at', '<', filter.to);
+  const { sql, params } = transactionConditions(orgId, filter).filter();
   const [row] = await q.query<{ n: bigint }>(
-    `SELECT count(*)::bigint AS n FROM (SELECT 1 FROM transactions WHERE ${where.join(' AND ')} LIMIT ${cap}) AS selected`, params);
+    `SELECT count(*)::bigint AS n FROM (SELECT 1 FROM transactions ${sql} LIMIT ${cap}) AS selected`, params);
   return Number(row?.n ?? 0n);
 }
 

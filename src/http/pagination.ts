@@ -93,6 +93,11 @@ export class PageFilter {
     return this;
   }
 
+  /** The conditions alone, as a WHERE clause. */
+  filter(): { sql: string; params: unknown[] } {
+    return { sql: `WHERE ${this.#conditions.length ? this.#conditions.join(' AND ') : 'TRUE'}`, params: [...this.#params] };
+  }
+
   page(page: PageRequest): { sql: string; params: unknown[] } {
     const p = this.#prefix;
     const params = [...this.#params];

@@ -368,13 +368,19 @@ describe('transaction index', () => {
               timestamptz '2026-01-01' + g * interval '1 second', timestamptz '2026-01-01'
        FROM generate_series(1, 20000) g`, [busy.orgId, wallet.wallet_id]);
     await db.query('ANALYZE transactions');
-    const indexesUsed = async (filter: TransactionFilter): Promise<string[]> => {
+    // Planned for any value of its parameters (a generic plan, which PostgreSQL uses for a
+    // prepared statement after its fifth run): a partial index must be provable from the SQL.
+    const literal = (value: unknown) => `'${(value instanceof Date ? value.toISOString() : String(value)).replace(/'/g, "''")}'`;
+    const indexesUsed = (filter: TransactionFilter): Promise<string[]> => db.transaction(async (tx) => {
       let statement = { sql: '', params: [] as readonly unknown[] };
       const recorder = { query: async (sql: string, params: readonly unknown[] = []) => { statement = { sql, params }; return []; }, exec: async () => {} };
       await listTransactions(recorder as Queryable, busy.orgId, filter, { limit: 1, after: null });
-      const [plan] = await db.query<{ 'QUERY PLAN': unknown }>(`EXPLAIN (FORMAT JSON) ${statement.sql}`, statement.params);
+      await tx.query('SET LOCAL plan_cache_mode = force_generic_plan');
+      await tx.query(`PREPARE filter_probe AS ${statement.sql}`);
+      const [plan] = await tx.query(`EXPLAIN (FORMAT JSON) EXECUTE filter_probe(${statement.params.map(literal).join(', ')})`);
+      await tx.query('DEALLOCATE filter_probe');
       return [...JSON.stringify(plan).matchAll(/"Index Name":"([a-z_]+)"/g)].map((match) => match[1]!);
-    };
+    });
     for (const [filter, index, query] of [
       [{ recipient: 'rare.example' }, 'transactions_org_recipient', 'recipient=rare.example'],
       [{ type: 'withdrawal' }, 'transactions_org_type', 'type=withdrawal'],

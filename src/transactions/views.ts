@@ -169,20 +169,37 @@ export interface TransactionFilter {
 }
 
 /**
+ * The conditions of a transaction filter, for a list's page or a count. A filter on a type other
+ * than `payment`, or a status other than `confirmed` and `pending`, also states that as a
+ * literal: the partial indexes for them (migration 0025) leave those values out, and a plan made
+ * for any value of the parameter (PostgreSQL's generic plan, chosen after a prepared
+ * statement's fifth run) could not use them otherwise.
+ */
+export function transactionConditions(orgId: string, filter: TransactionFilter): PageFilter {
+  const where = new PageFilter().where((p) => `org_id = ${p}`, orgId);
+  if (filter.walletId !== undefined) where.where((p) => `wallet_id = ${p}`, filter.walletId);
+  if (filter.status !== undefined) {
+    where.where((p) => `status = ${p}`, filter.status);
+    if (filter.status !== 'confirmed' && filter.status !== 'pending') where.whereSql(`status NOT IN ('confirmed', 'pending')`);
+  }
+  if (filter.type !== undefined) {
+    where.where((p) => `type = ${p}`, filter.type);
+    if (filter.type !== 'payment') where.whereSql(`type <> 'payment'`);
+  }
+  if (filter.recipient !== undefined) where.where((p) => `recipient = ${p}`, filter.recipient);
+  if (filter.from !== undefined) where.where((p) => `created_at >= ${p}`, filter.from);
+  if (filter.to !== undefined) where.where((p) => `created_at < ${p}`, filter.to);
+  return where;
+}
+
+/**
  * A page of the organisation's transactions, newest first, LIMIT page.limit + 1 (toPage tells
- * whether there is more). Ordered and bounded the way transactions_org_page and, with a wallet,
- * transactions_wallet_page are, so each page is an index range scan.
+ * whether there is more). Ordered and bounded the way the organisation's and the vault's
+ * indexes are (and, for a filter matching few rows, its own), so each page is an index range scan.
  */
 export async function listTransactions(
   q: Queryable, orgId: string, filter: TransactionFilter, page: PageRequest,
 ): Promise<TransactionRow[]> {
-  const where = new PageFilter().where((p) => `org_id = ${p}`, orgId);
-  if (filter.walletId !== undefined) where.where((p) => `wallet_id = ${p}`, filter.walletId);
-  if (filter.status !== undefined) where.where((p) => `status = ${p}`, filter.status);
-  if (filter.type !== undefined) where.where((p) => `type = ${p}`, filter.type);
-  if (filter.recipient !== undefined) where.where((p) => `recipient = ${p}`, filter.recipient);
-  if (filter.from !== undefined) where.where((p) => `created_at >= ${p}`, filter.from);
-  if (filter.to !== undefined) where.where((p) => `created_at < ${p}`, filter.to);
-  const { sql, params } = where.page(page);
+  const { sql, params } = transactionConditions(orgId, filter).page(page);
   return q.query<TransactionRow>(`SELECT * FROM transactions ${sql}`, params);
 }
