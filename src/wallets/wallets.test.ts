@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { syncPendingWallets } from './wallets.ts';
 
 let agentCounter = 0;
 const nextAgent = () => `agent-${process.pid}-${(agentCounter += 1)}`;
@@ -217,6 +218,49 @@ describe('wallets', () => {
     const [row] = await db.query<{ status: string; chain_status: string; sync_holder: string | null }>(
       'SELECT status, chain_status, sync_holder FROM wallets WHERE id = $1', [wallet.wallet_id]);
     assert.deepEqual(row, { status: 'active', chain_status: 'ready', sync_holder: null });
+    assert.equal((await chain.getVault(address(wallet.chain_address)))!.frozen, false, 'the vault on chain is not frozen');
+  });
+
+  test('a sync whose chain calls were slow holds the wallet for 90 s after its last send, not after its start', async () => {
+    const wallet = await createWallet(t);
+    const { chain, db, clock } = t.service.ctx;
+    const { getVault, execute } = chain;
+    const nowMs = clock.nowMs;
+    let offsetMs = 0;
+    clock.nowMs = () => nowMs.call(clock) + offsetMs;
+    let lateFreeze: Parameters<typeof execute> | null = null;
+    // The freeze's sync: its read of the vault takes 35 s, then its send is made but its
+    // confirmation never comes (30 s). What it sent can land for a minute after.
+    chain.getVault = async (...args: Parameters<typeof getVault>) => {
+      chain.getVault = getVault;
+      offsetMs += 35_000;
+      return getVault.apply(chain, args);
+    };
+    chain.execute = async (...args: Parameters<typeof execute>) => {
+      chain.execute = execute;
+      lateFreeze = args;
+      offsetMs += 30_000;
+      throw new Error('not confirmed within 30000 ms');
+    };
+    try {
+      assert.equal((await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { status: 'frozen' } })).status, 200);
+      assert.equal((await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { status: 'active' } })).status, 200);
+      // 91 s after the sync started, 56 s after its send: still its wallet.
+      offsetMs += 26_000;
+      await syncPendingWallets(t.service.ctx);
+      const [held] = await db.query<{ chain_status: string }>('SELECT chain_status FROM wallets WHERE id = $1', [wallet.wallet_id]);
+      assert.equal(held!.chain_status, 'pending', 'not taken over while what it sent can land');
+      assert.ok(lateFreeze, 'the freeze was sent');
+      await execute.apply(chain, lateFreeze); // it lands
+      // The lease lapses; the job takes the wallet over and unfreezes the vault.
+      offsetMs += 35_000;
+      await syncPendingWallets(t.service.ctx);
+    } finally {
+      Object.assign(chain, { getVault, execute });
+      clock.nowMs = nowMs;
+    }
+    const [row] = await db.query<{ status: string; chain_status: string }>('SELECT status, chain_status FROM wallets WHERE id = $1', [wallet.wallet_id]);
+    assert.deepEqual(row, { status: 'active', chain_status: 'ready' });
     assert.equal((await chain.getVault(address(wallet.chain_address)))!.frozen, false, 'the vault on chain is not frozen');
   });
 

@@ -333,23 +333,28 @@ export function normaliseTags(tags: string[]): string[] {
 // The chain catches up with the database
 
 /**
- * How long one sync holds its wallet: past the 60 s (150 slots) in which a transaction it sent
- * can still land, so that a sync that stopped halfway (its process died, its chain call failed
- * with the transaction perhaps sent) is taken over only once nothing it sent can land.
+ * How long one sync holds its wallet after its last send: past the 60 s (150 slots) in which a
+ * transaction it sent can still land (its blockhash is fetched at most 10 s after the lease is
+ * renewed), so that a sync that stopped halfway (its process died, a chain call failed with the
+ * transaction perhaps sent) is taken over only once nothing it sent can land.
  */
 export const WALLET_SYNC_LEASE_MS = 90_000;
 /** Passes of one sync over a wallet that changes while it runs; the wallets.sync job does the rest. */
 const SYNC_PASSES_MAX = 3;
 
+/** The sync's lease was taken over (it lapsed): it stops, sending nothing more. */
+class SyncLeaseLost extends Error {}
+
 /**
  * Brings the vault account on chain to the wallet's state: created when missing; the attached
  * policy; frozen when the wallet is frozen or archived. One sync at a time per wallet, under a
- * lease (migration 0024): two at once could each send what the other undid, a freeze landing
- * after an unfreeze's sync had found nothing to send. The wallet is marked `ready` only if
- * nothing changed in the database since the pass read it; otherwise the holder makes another
- * pass. Returns false when another sync holds the wallet (it stays `pending` for that sync or
- * the wallets.sync job). A chain refusal (settled: nothing is in flight) releases the lease; a
- * call that failed otherwise keeps it until it lapses, since what it sent may still land.
+ * lease (migration 0024) renewed before each send: two at once could each send what the other
+ * undid, a freeze landing after an unfreeze's sync had found nothing to send. The wallet is
+ * marked `ready` only by the lease's holder, and only if nothing changed in the database since
+ * the pass read it; otherwise the holder makes another pass. Returns false when another sync
+ * holds the wallet (it stays `pending` for that sync or the wallets.sync job), or took it over.
+ * A chain refusal (settled: nothing in flight) releases the lease; a call that failed otherwise
+ * keeps it until it lapses, since what it sent may still land.
  */
 export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<boolean> {
   const holder = randomUUID();
@@ -359,19 +364,32 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
      WHERE org_id = $1 AND id = $2 AND (sync_lease_until IS NULL OR sync_lease_until <= $5) RETURNING *`,
     [orgId, walletId, holder, new Date(claimedAt + WALLET_SYNC_LEASE_MS), new Date(claimedAt)]);
   if (!claimed) return false;
+  const renew = async () => {
+    const renewed = await ctx.db.query('UPDATE wallets SET sync_lease_until = $3 WHERE id = $1 AND sync_holder = $2 RETURNING id',
+      [walletId, holder, new Date(ctx.clock.nowMs() + WALLET_SYNC_LEASE_MS)]);
+    if (!renewed.length) throw new SyncLeaseLost();
+  };
   const release = (q: Queryable) =>
     q.query('UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL WHERE id = $1 AND sync_holder = $2', [walletId, holder]);
   let wallet = claimed;
   for (let pass = 1; ; pass += 1) {
-    const refused = await sendVaultChanges(ctx, orgId, wallet);
+    let refused: string | null;
+    try {
+      refused = await sendVaultChanges(ctx, orgId, wallet, renew);
+    } catch (error) {
+      if (error instanceof SyncLeaseLost) return false;
+      throw error;
+    }
     if (refused) {
       await release(ctx.db);
       throw new Error(refused);
     }
-    const changed = await ctx.db.transaction(async (tx) => {
+    const outcome = await ctx.db.transaction(async (tx) => {
       const nowMs = ctx.clock.nowMs();
-      const [current] = await tx.query<WalletRow>('SELECT * FROM wallets WHERE id = $1 FOR UPDATE', [walletId]);
-      if (!current) return null;
+      const [current] = await tx.query<WalletRow & { sync_holder: string | null }>('SELECT * FROM wallets WHERE id = $1 FOR UPDATE', [walletId]);
+      if (!current) return 'done';
+      // Taken over (the lease lapsed): the sync holding it now decides.
+      if (current.sync_holder !== holder) return 'lost';
       if (current.provisioned_at === null) {
         await tx.query('UPDATE wallets SET provisioned_at = $2 WHERE id = $1', [walletId, new Date(nowMs)]);
         await recordEvent(tx, nowMs, {
@@ -384,24 +402,29 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
       if (current.updated_at.getTime() !== wallet.updated_at.getTime()) return current;
       await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
       await release(tx);
-      return null;
+      return 'done';
     });
-    if (changed === null) return true;
+    if (outcome === 'done') return true;
+    if (outcome === 'lost') return false;
     if (pass === SYNC_PASSES_MAX) {
       await release(ctx.db);
       return true;
     }
-    wallet = changed;
+    wallet = outcome;
   }
 }
 
 /**
  * One pass: the vault created if missing, then the policy and the frozen flag the wallet row
- * asks for, each sent only if the chain differs. Returns why the chain refused, or null.
+ * asks for, each sent only if the chain differs, after `beforeSend` (which renews the lease).
+ * Returns why the chain refused, or null.
  */
-async function sendVaultChanges(ctx: Ctx, orgId: string, wallet: WalletRow): Promise<string | null> {
+async function sendVaultChanges(
+  ctx: Ctx, orgId: string, wallet: WalletRow, beforeSend: () => Promise<void>,
+): Promise<string | null> {
   let vault = await ctx.chain.getVault(address(wallet.chain_address));
   if (!vault) {
+    await beforeSend();
     const created = await ctx.chain.execute([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
     // AlreadyInitialized: created by a sync before this one (its lease lapsed).
     if (created.err && created.err.name !== 'AlreadyInitialized') return `creating vault ${wallet.chain_address} failed: ${created.err.name}`;
@@ -414,6 +437,7 @@ async function sendVaultChanges(ctx: Ctx, orgId: string, wallet: WalletRow): Pro
   if (vault.policy !== wantPolicy) instructions.push(await ctx.chain.attachPolicyIx(orgId, wallet.agent_id, wallet.policy_id));
   if (vault.frozen !== wantFrozen) instructions.push(await ctx.chain.setFrozenIx(orgId, wallet.agent_id, wantFrozen));
   if (instructions.length) {
+    await beforeSend();
     const outcome = await ctx.chain.execute(instructions);
     if (outcome.err) return `updating vault ${wallet.chain_address} failed: ${outcome.err.name}`;
   }
