@@ -53,6 +53,8 @@ export interface ErrorDetails {
 export class ServiceError extends Error {
   /** set when an idempotent replay repeats a stored refusal */
   replayed = false;
+  /** rate_limited: seconds until asking again can succeed (`Retry-After`; 60 when unset) */
+  retryAfterS: number | null = null;
 
   constructor(readonly code: ErrorCode, message: string, readonly details: ErrorDetails = {}) {
     super(message);

@@ -388,6 +388,8 @@ describe('transaction exports', () => {
       assert.equal(refused.status, 429, JSON.stringify(refused.body));
       assert.equal(refused.body.error.code, 'rate_limited');
       assert.match(refused.body.error.message, /keeps/);
+      const retryAfterS = Number(refused.headers['retry-after']);
+      assert.ok(retryAfterS > 3_000 && retryAfterS <= 3_600, `Retry-After ${retryAfterS}: until the first file kept expires, not 60`);
       await db.query('DELETE FROM exports WHERE org_id = $1', [org.orgId]);
       // A file of every row an organisation may keep: the next export (of its funding) does not fit.
       await fundedWallet(t, '1', 'pol_permissive', org.adminKey);

@@ -242,9 +242,10 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
 
 /** The organisation's exports processing, and what it keeps, leave room for one more of `rows` rows. */
 async function assertBelowQuota(q: Queryable, orgId: string, nowMs: number, rows: number): Promise<void> {
-  const [held] = await q.query<{ processing: bigint; kept: bigint; kept_rows: bigint }>(
+  const [held] = await q.query<{ processing: bigint; kept: bigint; kept_rows: bigint; first_expiry: Date | null }>(
     `SELECT count(*) FILTER (WHERE status = 'processing')::bigint AS processing, count(*)::bigint AS kept,
-            COALESCE(sum(COALESCE(row_count, estimated_rows)), 0)::bigint AS kept_rows
+            COALESCE(sum(COALESCE(row_count, estimated_rows)), 0)::bigint AS kept_rows,
+            min(expires_at) FILTER (WHERE status = 'ready') AS first_expiry
      FROM exports WHERE org_id = $1 AND (status = 'processing' OR (status = 'ready' AND expires_at > $2))`,
     [orgId, new Date(nowMs)]);
   if (Number(held?.processing ?? 0n) >= PROCESSING_PER_ORG_MAX) {
@@ -252,9 +253,13 @@ async function assertBelowQuota(q: Queryable, orgId: string, nowMs: number, rows
       `Your organisation already has ${PROCESSING_PER_ORG_MAX} exports processing: wait until one is ready, then ask again.`);
   }
   if (Number(held?.kept ?? 0n) >= KEPT_PER_ORG_MAX || Number(held?.kept_rows ?? 0n) + rows > KEPT_ROWS_PER_ORG_MAX) {
-    throw new ServiceError('rate_limited',
+    const refusal = new ServiceError('rate_limited',
       `Your organisation keeps ${KEPT_PER_ORG_MAX} exports or ${KEPT_ROWS_PER_ORG_MAX} rows of them at most (processing, or ready `
-      + 'and not yet expired; a file is kept 24 hours): download the ones you have, or wait for them to expire.');
+      + 'and not yet expired): a file is kept 24 hours after it is ready, then frees its place. Retry-After says when the first does.');
+    // Until the first file kept expires (the job deletes it within a minute after); a quota held
+    // by exports processing frees up sooner.
+    if (held?.first_expiry) refusal.retryAfterS = Math.max(1, Math.ceil((held.first_expiry.getTime() - nowMs) / 1000));
+    throw refusal;
   }
 }
 

@@ -137,7 +137,7 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
   if (service.replayed) reply.header('Idempotency-Replayed', 'true');
   if (service.code === 'rate_limited') {
     const retryAfter = reply.getHeader('retry-after');
-    if (!retryAfter) reply.header('Retry-After', '60');
+    if (!retryAfter) reply.header('Retry-After', String(service.retryAfterS ?? 60));
   }
   return reply.code(service.status).send({
     error: {
