@@ -165,7 +165,9 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const { wallet } = read;
     assertNotArchived(wallet);
     const recipient = read.recipient();
-    const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id);
+    // Deleted ones too: the wallet may have moved to another policy and this one been deleted
+    // since the wallet was read (the answer is then as of that read, as a check is).
+    const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id, { includeDeleted: true });
     const rules = rulesOf(policy!);
     const nowMs = ctx.clock.nowMs();
     const decision = evaluate(rules, spendStateOf(await spendWindowsAt(ctx.db, wallet.id, nowMs)), {

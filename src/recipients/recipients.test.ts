@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { getAddressDecoder } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { fundedWallet, newPolicy } from '../../test/fixtures.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { normaliseCategory, normaliseDomain, resolveRecipient } from './recipients.ts';
 
@@ -314,6 +315,22 @@ describe('resolveRecipient', () => {
     const categorised = await add({ domain: 'second-categorised.example.com', address, category: 'gambling' });
     assert.deepEqual(await resolveRecipient(db, t.orgId, address, 'food'),
       { address, domain: null, category: 'gambling', recipientId: categorised });
+  });
+
+  test('a second domain for an address without a category of its own counts under the address\'s: no dodging by name', async () => {
+    const db = t.service.ctx.db;
+    const address = newAddress();
+    await add({ domain: 'dodge-casino.example.com', address, category: 'gambling' });
+    const cdn = await add({ domain: 'dodge-cdn.example.com', address });
+    assert.deepEqual(await resolveRecipient(db, t.orgId, 'dodge-cdn.example.com', 'food'),
+      { address, domain: 'dodge-cdn.example.com', category: 'gambling', recipientId: cdn });
+    const wallet = await fundedWallet(t, '5', await newPolicy(t, { blockedCategories: ['gambling'] }));
+    for (const to of ['dodge-cdn.example.com', 'dodge-casino.example.com', address]) {
+      const check = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '1', category: 'food' } });
+      assert.equal(check.status, 200, JSON.stringify(check.body));
+      assert.equal(check.body.allowed, false, to);
+      assert.equal(check.body.violation.rule, 'blocked_categories', to);
+    }
   });
 
   test('a domain resolves case-insensitively to its address and category', async () => {

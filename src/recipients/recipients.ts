@@ -232,12 +232,18 @@ export type RecipientEntry = Pick<RecipientRow, 'id' | 'address' | 'category'>;
 
 /**
  * The directory entry of each row of `k` (columns `org_id`, `address`, `domain`, one of the last
- * two null), for a lateral join. Among several entries for one address, one with a category
- * comes first: otherwise a payer could dodge a blocked category by paying the bare address with
- * a category of its own.
+ * two null), for a lateral join, with the category its address counts under. Among several
+ * entries for one address, one with a category comes first; an entry without a category takes
+ * that of another entry for its address (the oldest with one). Otherwise a payer could dodge a
+ * blocked category by naming the address, or a second domain for it, with a category of its own
+ * or none.
  */
 export const recipientEntrySql = (k: string): string =>
-  `SELECT e.id, e.address, e.category FROM recipients e
+  `SELECT e.id, e.address,
+     COALESCE(e.category, (SELECT a.category FROM recipients a
+                           WHERE a.org_id = e.org_id AND a.address = e.address AND a.deleted_at IS NULL AND a.category IS NOT NULL
+                           ORDER BY a.created_at, a.id LIMIT 1)) AS category
+   FROM recipients e
    WHERE e.org_id = ${k}.org_id AND e.deleted_at IS NULL AND (e.address = ${k}.address OR e.domain = ${k}.domain)
    ORDER BY e.category IS NULL, e.created_at, e.id LIMIT 1`;
 
