@@ -11,6 +11,7 @@ import { after, before, describe, test } from 'node:test';
 import { address, generateKeyPairSigner } from '@solana/kit';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { AUDIT_PAGE_BYTES_MAX } from './policies.ts';
 
 const ADDRESS = 'So11111111111111111111111111111111111111112';
 const USDC = 1_000_000n;
@@ -487,5 +488,33 @@ describe('policies: refusals and their effects', () => {
     assert.equal(renewed.status, 200, JSON.stringify(renewed.body));
     assert.equal(renewed.body.expiry, null);
     assert.equal(renewed.body.max_per_tx, '1.00');
+  });
+
+  test('an audit page stops early past 4 MiB of changes (lists of 1,000 domains weigh 500 KB an entry); the next page goes on', async () => {
+    const domains = (variant: number) => Array.from({ length: 1_000 }, (_, i) =>
+      `${`v${variant}-${i}-`.padEnd(50, 'q')}.${'x'.repeat(63)}.${'y'.repeat(63)}.${'z'.repeat(63)}.io`);
+    const created = await t.request('POST', '/v1/policies', { body: { name: `heavy-audit-${process.pid}`, allowedRecipients: domains(0) } });
+    assert.equal(created.status, 200, JSON.stringify(created.body).slice(0, 300));
+    const url = `/v1/policies/${created.body.policy_id}`;
+    for (let variant = 1; variant <= 10; variant += 1) {
+      const changed = await t.request('PATCH', url, { body: { allowedRecipients: domains(variant) } });
+      assert.equal(changed.status, 200, JSON.stringify(changed.body).slice(0, 300));
+    }
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    let pages = 0;
+    do {
+      const response: { status: number; body: any } = await t.request('GET', `${url}/audit-log?limit=100${cursor ? `&cursor=${cursor}` : ''}`);
+      assert.equal(response.status, 200);
+      const bytes = Buffer.byteLength(JSON.stringify(response.body));
+      assert.ok(bytes < AUDIT_PAGE_BYTES_MAX + 600_000, `a page of ${bytes} bytes`);
+      seen.push(...response.body.data.map((entry: { timestamp: string }) => entry.timestamp));
+      cursor = response.body.next_cursor;
+      assert.equal(response.body.has_more, cursor !== null);
+      pages += 1;
+    } while (cursor);
+    assert.equal(seen.length, 11, 'the creation and ten changes, each once');
+    assert.equal(new Set(seen).size, 11);
+    assert.ok(pages >= 2, `${pages} pages`);
   });
 });

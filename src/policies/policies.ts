@@ -189,15 +189,32 @@ export const AuditEntryView = Type.Object({
 });
 
 /** The policy's changes, oldest first (the cursor moves forward in time). */
+/**
+ * Bytes of changes one audit page carries at most (it then ends early, `has_more` true): an
+ * entry replacing both lists of 1,000 domains weighs about 500 KB, so 100 of them would be 50 MB.
+ * A page always holds at least one entry.
+ */
+export const AUDIT_PAGE_BYTES_MAX = 4 * 1024 * 1024;
+
 export async function policyAuditLog(q: Queryable, orgId: string, policyId: string, page: PageRequest) {
   if (!await findPolicy(q, orgId, policyId)) throw policyNotFound(policyId);
   const after = page.after ? 'AND (created_at, id) > ($3, $4)' : '';
   const params = page.after ? [orgId, policyId, page.after.createdAt, page.after.id] : [orgId, policyId];
-  const rows = await q.query<{ id: string; changed_by: string; changes: Changes; created_at: Date }>(
-    `SELECT id, changed_by, changes, created_at FROM policy_audit WHERE org_id = $1 AND policy_id = $2 ${after}
-     ORDER BY created_at, id LIMIT ${page.limit + 1}`, params);
-  return toPage(rows, page, (row) => ({
-    timestamp: row.created_at.toISOString(), changed_by: row.changed_by, changes: row.changes,
+  // The entries of the page with the bytes of those before each; the changes of an entry past
+  // the byte bound are not sent (null): it only tells that there is more.
+  const rows = await q.query<{ id: string; changed_by: string; changes: Changes | null; created_at: Date }>(
+    `SELECT s.id, s.changed_by, s.created_at, CASE WHEN s.bytes_before < ${AUDIT_PAGE_BYTES_MAX} THEN a.changes END AS changes
+     FROM (SELECT id, changed_by, created_at,
+                  COALESCE(sum(octet_length(changes::text)) OVER (ORDER BY created_at, id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                    AS bytes_before
+           FROM policy_audit WHERE org_id = $1 AND policy_id = $2 ${after}
+           ORDER BY created_at, id LIMIT ${page.limit + 1}) s
+     JOIN policy_audit a ON a.id = s.id
+     ORDER BY s.created_at, s.id`, params);
+  const fit = rows.findIndex((row) => row.changes === null);
+  const shown = fit < 0 || fit >= page.limit ? rows : rows.slice(0, fit + 1);
+  return toPage(shown, fit < 0 || fit >= page.limit ? page : { ...page, limit: fit }, (row) => ({
+    timestamp: row.created_at.toISOString(), changed_by: row.changed_by, changes: row.changes!,
   }));
 }
 
