@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
-import { appendFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import fs, { appendFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { open } from 'node:fs/promises';
+import { syncBuiltinESMExports } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -153,6 +155,107 @@ describe('TransactionStore address index', () => {
       assert.deepEqual(signaturesOf(store.forAddress(keyOf(payer.address), { limit: 10 })), [signature]);
       assert.deepEqual(store.detail(signature)?.preTokenBalances, []);
       await store.close();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('TransactionStore when the disk fails', () => {
+  const withKeys = (seq: number): ExecutedTransaction => ({ ...executed(seq), accountKeys: ['operator'] });
+  /** FileHandle's prototype, whose methods the store's writes go through. */
+  const fileHandleMethods = async (dir: string): Promise<Record<string, (...args: unknown[]) => Promise<unknown>>> => {
+    const handle = await open(join(dir, 'probe'), 'w');
+    await handle.close();
+    return Object.getPrototypeOf(handle);
+  };
+
+  // Guarantee: a status made visible survives a restart, whatever failed write came before it.
+  it('a write cut short (a full disk) and its retry: the batch reads back whole, once', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    const methods = await fileHandleMethods(dir);
+    const appendFile = methods.appendFile!;
+    let failNext = true;
+    methods.appendFile = async function (this: unknown, data: unknown, ...rest: unknown[]) {
+      if (failNext && typeof data === 'string' && data.startsWith('{"q":')) {
+        failNext = false;
+        await appendFile.call(this, data.slice(0, 15));
+        throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+      }
+      return appendFile.call(this, data, ...rest);
+    };
+    try {
+      const store = new TransactionStore(join(dir, 'tx'));
+      const batch = [withKeys(1), withKeys(2)];
+      await assert.rejects(store.append(batch), /ENOSPC/);
+      await store.append(batch);
+      store.publish(batch);
+      await store.close();
+      const reloaded = new TransactionStore(join(dir, 'tx'));
+      reloaded.load(2);
+      assert.ok(reloaded.get('sig1') && reloaded.get('sig2'), 'both statuses are back');
+      assert.deepEqual(reloaded.forAddress('operator', { limit: 10 }).map((r) => r.signature), ['sig2', 'sig1']);
+    } finally {
+      methods.appendFile = appendFile;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a flush that fails and its retry: no line twice, and eviction past the capacity still works', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    const methods = await fileHandleMethods(dir);
+    const datasync = methods.datasync!;
+    let failNext = true;
+    methods.datasync = async function (this: unknown) {
+      if (failNext) {
+        failNext = false;
+        throw Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' });
+      }
+      return datasync.call(this);
+    };
+    try {
+      const store = new TransactionStore(join(dir, 'tx'), { capacity: 100 });
+      const first = Array.from({ length: 10 }, (_, i) => withKeys(i + 1));
+      await assert.rejects(store.append(first), /EIO/);
+      await store.append(first);
+      store.publish(first);
+      await store.close();
+      const reloaded = new TransactionStore(join(dir, 'tx'), { capacity: 100 });
+      reloaded.load(10);
+      assert.equal(reloaded.forAddress('operator', { limit: 1_000 }).length, 10);
+      assert.doesNotThrow(() => reloaded.publish(Array.from({ length: 95 }, (_, i) => withKeys(i + 11))));
+      assert.equal(reloaded.forAddress('operator', { limit: 1_000 }).length, 100);
+    } finally {
+      methods.datasync = datasync;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a crash while a load cuts lines newer than the snapshot loses none of the older ones', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    try {
+      const store = new TransactionStore(join(dir, 'tx'));
+      const all = Array.from({ length: 50 }, (_, i) => withKeys(i + 1));
+      await store.append(all);
+      store.publish(all.slice(0, 40)); // the snapshot holds 1..40; 41..50 were written ahead
+      await store.close();
+      const { writeSync } = fs;
+      // The process dies a third of the way through rewriting the file.
+      (fs as { writeSync: unknown }).writeSync = (fd: number, data: string) => {
+        writeSync(fd, data.slice(0, Math.floor(data.length / 3)));
+        throw new Error('killed');
+      };
+      syncBuiltinESMExports();
+      try {
+        assert.throws(() => new TransactionStore(join(dir, 'tx')).load(40), /killed/);
+      } finally {
+        (fs as { writeSync: unknown }).writeSync = writeSync;
+        syncBuiltinESMExports();
+      }
+      const restarted = new TransactionStore(join(dir, 'tx'));
+      restarted.load(40);
+      assert.equal(all.slice(0, 40).filter((entry) => !restarted.get(entry.record.signature)).length, 0);
+      assert.equal(restarted.get('sig41'), undefined, 'newer than the snapshot: cut');
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

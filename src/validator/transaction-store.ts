@@ -12,9 +12,9 @@
  * lines newer than the snapshot (a crash in between) are cut off at load. Status lines carry the
  * message's account keys, so the address index is rebuilt at load without the detail files.
  */
-import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { open, unlink, type FileHandle } from 'node:fs/promises';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import type { TransactionErrorJson } from './transaction-error.ts';
 import { parseWireTransaction } from './wire.ts';
 
@@ -288,6 +288,8 @@ export class TransactionStore {
         : [];
       const wireKeys = keysMissing ? keysFromDetails(detailLines) : null;
       for (const line of statusLines) {
+        // Written twice by a batch retried after a failed write that could not be cut back (append).
+        if (this.#records.has(line.s)) continue;
         this.#add({
           seq: line.q, signature: line.s, slot: line.sl, blockTime: line.t, err: line.e, computeUnits: line.cu, fee: line.f,
         }, line.k ?? wireKeys?.get(line.s) ?? []);
@@ -333,7 +335,7 @@ export class TransactionStore {
     }
     if (keptRaw.length !== rawLines.length) {
       onDrop?.();
-      writeFileSync(path, keptRaw.map((l) => `${l}\n`).join(''), { mode: 0o600 });
+      replaceFileDurably(path, keptRaw.map((l) => `${l}\n`).join(''));
     }
     return lines;
   }
@@ -368,10 +370,37 @@ export class TransactionStore {
         };
         detailText += `${JSON.stringify(detailLine)}\n`;
       }
-      await Promise.all([this.#statusHandle!.appendFile(statusText), this.#detailHandle!.appendFile(detailText)]);
-      await Promise.all([this.#statusHandle!.datasync(), this.#detailHandle!.datasync()]);
+      const status = this.#statusHandle!;
+      const details = this.#detailHandle!;
+      const [statusSize, detailSize] = await Promise.all([status.stat(), details.stat()]).then((stats) => stats.map((stat) => stat.size));
+      try {
+        await Promise.all([status.appendFile(statusText), details.appendFile(detailText)]);
+        await Promise.all([status.datasync(), details.datasync()]);
+      } catch (error) {
+        await this.#cutBack([[status, statusSize!], [details, detailSize!]]);
+        throw error;
+      }
       this.#segmentCount += part.length;
       start += part.length;
+    }
+  }
+
+  /**
+   * After a failed write or flush, the files are cut back to where the batch began, so that its
+   * retry neither glues its first line onto a torn one (the line then unreadable, a status the
+   * service saw lost at the next load) nor writes its lines twice. If they cannot be cut, the
+   * segment is given up: the retry goes to a new one (its torn tail dropped, its copies of the
+   * batch's lines skipped, at load).
+   */
+  async #cutBack(files: ReadonlyArray<[FileHandle, number]>): Promise<void> {
+    try {
+      for (const [handle, size] of files) {
+        await handle.truncate(size);
+        await handle.datasync();
+      }
+    } catch {
+      await this.#closeHandles().catch(() => {});
+      this.#segmentCount = this.segmentEntries;
     }
   }
 
@@ -410,6 +439,29 @@ export class TransactionStore {
   /** Deletes every segment (a fresh chain must not inherit another chain's results). */
   static reset(dir: string): void {
     rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Replaces a file's content so that a crash at any moment leaves either the old content or the
+ * new, whole and on disk: a temporary file written and flushed, renamed over, the directory
+ * flushed. (Rewriting in place empties the file first: a crash then lost lines already shown.)
+ */
+function replaceFileDurably(path: string, content: string): void {
+  const temporary = `${path}.tmp`;
+  const fd = openSync(temporary, 'w', 0o600);
+  try {
+    writeSync(fd, content);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(temporary, path);
+  const dir = openSync(dirname(path), 'r');
+  try {
+    fsyncSync(dir);
+  } finally {
+    closeSync(dir);
   }
 }
 
