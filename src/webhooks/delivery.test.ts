@@ -474,6 +474,24 @@ describe('webhook deliveries', () => {
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
+  test('a dead worker\'s batch is still delivered when the webhook is disabled and re-enabled before its lease lapses', async () => {
+    const { key, webhookId } = await setUp('/crash-toggle', ['policy.created']);
+    const event = await newPolicyEvent(key, 'Crash toggle');
+    const stream = await claimStream(t.service.ctx.db, t.service.ctx.clock.nowMs(), 100);
+    assert.ok(stream?.attempts.some((attempt) => attempt.eventId === event), 'the event is in the claimed batch');
+    // The worker dies; the operator turns the webhook off and on again (its stream restarts after the batch).
+    for (const status of ['disabled', 'active']) {
+      assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status } })).status, 200);
+    }
+    await advance(Math.ceil((stream!.lease.expiresAt.getTime() - await serviceNowMs()) / 1000) + 1);
+    await t.service.jobs.runOnce();
+    const hits = arrivals('/crash-toggle');
+    assert.deepEqual(hits.map((hit) => hit.body.id), [event], 'the batch\'s event arrives, once');
+    const [delivered] = await deliveries(key, webhookId, `&eventId=${event}`);
+    assert.deepEqual(delivered!.attempts.map((a) => a.outcome), ['lost', 'succeeded']);
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+  });
+
   /**
    * A new event whose first four attempts fail (the receiver must be failing), and the clock
    * past the fifth's due time. Returns the event's id.

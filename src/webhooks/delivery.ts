@@ -368,7 +368,8 @@ export async function claimStream(db: Database, nowMs: number, limit: number): P
      ), last AS (
        SELECT xact, id FROM batch ORDER BY xact DESC, id DESC LIMIT 1
      ), leased AS (
-       UPDATE webhooks w SET lease_xact = last.xact, lease_event_id = last.id, lease_expires_at = $1
+       UPDATE webhooks w SET lease_xact = last.xact, lease_event_id = last.id, lease_expires_at = $1,
+         lease_from_xact = picked.stream_xact, lease_from_event_id = picked.stream_event_id
        FROM picked, last WHERE w.id = picked.id
        RETURNING w.id, w.status, w.events, w.url, w.signing_secret, w.previous_signing_secret, w.previous_secret_expires_at,
          w.lease_xact::text AS lease_xact, w.lease_event_id, w.lease_expires_at
@@ -439,7 +440,7 @@ async function recordStream(
        UPDATE webhooks SET
          stream_xact = CASE WHEN (lease_xact, lease_event_id) > (stream_xact, stream_event_id) THEN lease_xact ELSE stream_xact END,
          stream_event_id = CASE WHEN (lease_xact, lease_event_id) > (stream_xact, stream_event_id) THEN lease_event_id ELSE stream_event_id END,
-         lease_xact = NULL, lease_event_id = NULL, lease_expires_at = NULL
+         lease_xact = NULL, lease_event_id = NULL, lease_expires_at = NULL, lease_from_xact = NULL, lease_from_event_id = NULL
        WHERE id = $1 AND lease_xact = $2::xid8 AND lease_event_id = $3 AND lease_expires_at = $4
        RETURNING id, org_id, status
      ), r AS (
@@ -557,9 +558,12 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
  * events are those the webhook subscribes to now. Returns how many streams were taken over.
  */
 export async function recoverLapsedStreams(db: Database, nowMs: number): Promise<number> {
+  // The leased range from where it started: the position may have moved past it since (a
+  // webhook disabled and re-enabled restarts its stream at the re-enabling).
   const lapsed = await db.query<{ id: string; org_id: string; events: string[]; stream_xact: string; stream_event_id: string;
     lease_xact: string; lease_event_id: string; lease_expires_at: Date }>(
-    `SELECT id, org_id, events, stream_xact::text AS stream_xact, stream_event_id, lease_xact::text AS lease_xact, lease_event_id,
+    `SELECT id, org_id, events, COALESCE(lease_from_xact, stream_xact)::text AS stream_xact,
+            COALESCE(lease_from_event_id, stream_event_id) AS stream_event_id, lease_xact::text AS lease_xact, lease_event_id,
             lease_expires_at
      FROM webhooks WHERE lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT ${LAPSED_STREAMS_MAX}`, [new Date(nowMs)]);
   let recovered = 0;
