@@ -23,7 +23,7 @@ import { recordEvents } from '../events/events.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
 import {
-  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordSuccesses, sendStream, STREAM_START_WITHIN_MS,
+  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordAttempt, recordSuccesses, sendStream, STREAM_START_WITHIN_MS,
 } from './delivery.ts';
 import { AttemptSender } from './sender.ts';
 import { deleteWebhook } from './webhooks.ts';
@@ -524,6 +524,34 @@ describe('webhook deliveries', () => {
       assert.equal(delivery!.status, 'paused');
       assert.equal(delivery!.attempts.at(-1)!.outcome, 'lost');
       assert.equal(arrivals('/lost-last').length, 4);
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('a fifth attempt of the run before a re-enabling, failing after it, does not degrade the webhook again', async () => {
+    const { key, webhookId } = await setUp('/old-run', ['policy.created']);
+    receiver.reply = () => ({ status: 500 });
+    try {
+      const first = await newPolicyEvent(key, 'Old run one');
+      const second = await newPolicyEvent(key, 'Old run two');
+      await t.service.jobs.runOnce();
+      for (let k = 1; k <= 4; k += 1) {
+        await advance(RETRY_DELAYS_MS[k - 1]! / 1000 + 1);
+        if (k < 4) await t.service.jobs.runOnce();
+      }
+      const claims = (await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 50)).filter((c) => c.webhookId === webhookId);
+      assert.deepEqual(claims.map((c) => [c.eventId, c.attempt, c.final]).sort(), [[first, 5, true], [second, 5, true]].sort());
+      const failed = { succeeded: false, statusCode: 500, latencyMs: 3, error: 'The endpoint answered 500: a 2xx is required.', responseExcerpt: null };
+      await recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), claims[0]!, failed);
+      assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'degraded');
+      assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } })).body.status, 'active');
+      // The other fifth attempt, made before the re-enabling, fails after it: its run is over.
+      await recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), claims[1]!, failed);
+      assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'still active: a new run has begun');
+      const logged = await deliveries(key, webhookId);
+      assert.deepEqual(logged.map((d) => d.status), ['pending', 'pending'], 'both on their new run');
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });

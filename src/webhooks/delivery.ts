@@ -203,8 +203,8 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
   const exhausts = !result.succeeded && claim.final && !claim.ping && claim.body !== null;
   await db.transaction(async (tx) => {
     if (exhausts) await tx.query('SELECT id FROM webhooks WHERE id = $1 FOR NO KEY UPDATE', [claim.webhookId]);
-    const [delivery] = await tx.query<Pick<DeliveryRow, 'status' | 'attempts'>>(
-      'SELECT status, attempts FROM webhook_deliveries WHERE id = $1 FOR UPDATE', [claim.deliveryId]);
+    const [delivery] = await tx.query<Pick<DeliveryRow, 'status' | 'attempts' | 'run_start'>>(
+      'SELECT status, attempts, run_start FROM webhook_deliveries WHERE id = $1 FOR UPDATE', [claim.deliveryId]);
     // Deleted with its webhook meanwhile: nothing left to record.
     if (!delivery) return;
     await tx.query(
@@ -222,7 +222,10 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
       await tx.query(
         `UPDATE webhook_deliveries SET status = 'failed', failure_reason = $3, next_attempt_at = NULL, updated_at = $2 WHERE id = $1`,
         [claim.deliveryId, now, claim.ping ? 'ping_failed' : 'event_missing']);
-    } else if (exhausts && delivery.attempts === claim.attempt) {
+    } else if (exhausts && delivery.status === 'pending' && delivery.attempts === claim.attempt
+      && delivery.attempts - delivery.run_start >= ATTEMPTS_PER_RUN) {
+      // Still the last attempt of the delivery's current run: not one of a run the operator has
+      // since ended by re-enabling the webhook (which starts a new run, run_start = attempts).
       await tx.query(
         `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2 WHERE id = $1`, [claim.deliveryId, now]);
       await degradeWebhook(tx, claim.webhookId, now);
