@@ -8,7 +8,7 @@ import { Params } from '../db/params.ts';
 import { newId } from '../ids/ids.ts';
 
 export const EVENT_TYPES = [
-  'transaction.completed', 'transaction.blocked', 'transaction.pending', 'transaction.failed',
+  'transaction.completed', 'transaction.blocked', 'transaction.pending', 'transaction.failed', 'transaction.awaiting_approval',
   'wallet.created', 'wallet.funded', 'wallet.withdrawn', 'wallet.frozen', 'wallet.unfrozen', 'wallet.archived',
   'balance.low', 'policy.created', 'policy.updated', 'policy.deleted', 'policy.expired',
   'escrow.created', 'escrow.completed', 'escrow.released', 'escrow.refunded', 'escrow.disputed', 'escrow.resolved',
@@ -35,6 +35,8 @@ export type Severity = 'info' | 'warning' | 'critical';
 
 const WARNING: ReadonlySet<EventType> = new Set<EventType>([
   'balance.low', 'transaction.blocked', 'escrow.disputed', 'policy.expired', 'transaction.failed', 'alert.raised',
+  // an operator has to act (approve or reject) before it expires
+  'transaction.awaiting_approval',
 ]);
 
 /** SPEC.md's severities; `critical` for a manual freeze and a refund decided by dispute. */

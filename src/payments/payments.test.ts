@@ -369,7 +369,14 @@ describe('payments', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '17.00', 'nothing is taken before approval');
     const eventsOf = async (txId: string) => (await t.settled(), await t.service.ctx.db.query<{ type: string }>(
       `SELECT type FROM events WHERE payload->>'tx_id' = $1 ORDER BY created_at, id`, [txId])).map((e) => e.type);
-    assert.deepEqual(await eventsOf(big.body.tx_id), [], 'nothing is submitted while it awaits');
+    assert.deepEqual(await eventsOf(big.body.tx_id), ['transaction.awaiting_approval'], 'nothing is submitted while it awaits; operators are told');
+    const [waiting] = await t.service.ctx.db.query<{ severity: string; payload: Record<string, unknown> }>(
+      `SELECT severity, payload FROM events WHERE type = 'transaction.awaiting_approval' AND payload->>'tx_id' = $1`, [big.body.tx_id]);
+    assert.equal(waiting!.severity, 'warning');
+    assert.deepEqual(waiting!.payload, {
+      wallet_id: wallet.wallet_id, tx_id: big.body.tx_id, amount: '4.00', recipient: to, policy_id: policyId, threshold: '3.00',
+      expires_at: big.body.approval.expires_at,
+    });
     const viewer = await t.createKey('viewer');
     assert.equal((await t.request('POST', `/v1/payments/${big.body.tx_id}/approve`, { key: viewer })).status, 403);
     const approved = await t.request('POST', `/v1/payments/${big.body.tx_id}/approve`, { key: await t.createKey('operator') });
@@ -377,7 +384,8 @@ describe('payments', () => {
     assert.equal(approved.body.status, 'confirmed');
     assert.equal(approved.body.approval.status, 'approved');
     assert.equal(await balanceOf(t, wallet.wallet_id), '13.00');
-    assert.deepEqual(await eventsOf(big.body.tx_id), ['transaction.pending', 'transaction.completed'], 'submitted at approval');
+    assert.deepEqual(await eventsOf(big.body.tx_id), ['transaction.awaiting_approval', 'transaction.pending', 'transaction.completed'],
+      'submitted at approval');
     const again = await t.request('POST', `/v1/payments/${big.body.tx_id}/approve`);
     assert.equal(again.status, 400, 'a decided payment cannot be approved twice');
 

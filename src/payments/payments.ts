@@ -147,6 +147,22 @@ function pendingEventOf(t: Pick<NewTransaction, 'orgId' | 'walletId' | 'amount' 
 }
 
 /**
+ * `transaction.awaiting_approval`: the payment is above the policy's `requireCoSign` and waits
+ * for an admin or operator to approve or reject it before `expires_at` (it is then blocked).
+ */
+function awaitingEventOf(t: Pick<NewTransaction, 'orgId' | 'walletId' | 'amount' | 'recipient' | 'policyId' | 'approval'> & { id: string }): NewEvent {
+  const approval = t.approval as { expires_at: string; threshold: string };
+  return {
+    orgId: t.orgId, type: 'transaction.awaiting_approval', walletId: t.walletId,
+    summary: `Payment of ${formatUsdc(t.amount)} USDC to ${t.recipient} awaits co-signature (above ${approval.threshold} USDC)`,
+    payload: {
+      wallet_id: t.walletId, tx_id: t.id, amount: formatUsdc(t.amount), recipient: t.recipient, policy_id: t.policyId,
+      threshold: approval.threshold, expires_at: approval.expires_at,
+    },
+  };
+}
+
+/**
  * Counts a spend in the windows and debits the vault (its row is locked). The spend's row must
  * carry `spend_at_ms = nowMs` (written with it), so the windows can take it out again.
  */
@@ -479,14 +495,14 @@ async function recordAccepted(
   counted: ReadonlyMap<string, SpendWindows>, spent: ReadonlyMap<string, Spent>,
 ): Promise<TransactionRow[]> {
   if (inserts.length === 0) return [];
-  const sent = inserts.filter((t) => t.signature !== null).map(pendingEventOf);
+  const announced = inserts.map((t) => (t.approval ? awaitingEventOf(t) : pendingEventOf(t)));
   const params = new Params();
   const recorded = insertTransactionsSql(params, nowMs, inserts);
   const rows = await tx.queryAndCommit<TransactionRow>(
     `WITH recorded AS (${recorded.sql} RETURNING *),
        counted AS (${saveSpendWindowsSql(params, counted)}),
        debited AS (${debitWalletsSql(params, nowMs, spent)}),
-       announced AS (${recordEventsSql(params, nowMs, sent).sql})
+       announced AS (${recordEventsSql(params, nowMs, announced).sql})
      SELECT * FROM recorded`, params.values);
   return recorded.inOrder(rows);
 }
