@@ -294,6 +294,25 @@ describe('request conventions', () => {
     assert.match(big.body.error.message, /larger than/);
   });
 
+  test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {
+    const key = await t.createKey('admin');
+    const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: `empty-body-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });
+    assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
+    for (const headers of [{ 'content-type': 'application/json' }, { 'content-type': 'application/json', 'content-length': '0' }]) {
+      const rotated = await t.service.app.inject({
+        method: 'POST', url: `/v1/wallets/${wallet.body.wallet_id}/rotate-token`, headers: { authorization: `Bearer ${key}`, ...headers },
+      });
+      assert.equal(rotated.statusCode, 200, rotated.body);
+      assert.ok(JSON.parse(rotated.body).session_token, 'a token was issued');
+    }
+    // A body that is sent must still be JSON, and a body a route requires is still required.
+    const required = await t.service.app.inject({
+      method: 'POST', url: '/v1/wallets', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' },
+    });
+    assert.equal(required.statusCode, 400, required.body);
+    assert.equal(JSON.parse(required.body).error.code, 'invalid_request');
+  });
+
   test('both spellings of one field in one body are ambiguous and refused', async () => {
     const response = await t.request('POST', '/v1/wallets', {
       key: await t.createKey('admin'), body: { agentId: 'a1', agent_id: 'a2', label: 'x', policyId: 'pol_moderate' },
