@@ -5,12 +5,54 @@
  */
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
+import { Type } from 'typebox';
 import { ERROR_CODES } from '../errors/errors.ts';
 import type { App } from './app.ts';
 import type { AppContext } from './context.ts';
 
+/** Every error response, as `/docs/errors` describes it (more fields by code: `violation`, `available`…). */
+const ErrorResponse = Type.Object({
+  error: Type.Object({
+    code: Type.Union(Object.keys(ERROR_CODES).map((code) => Type.Literal(code)), { description: 'one of /docs/errors' }),
+    message: Type.String({ description: 'for people; may change' }),
+    docs: Type.String({ description: 'the code\'s entry in /docs/errors' }),
+    request_id: Type.String({ description: 'equals the Request-Id header' }),
+    param: Type.Optional(Type.String({ description: 'the field at fault (snake_case), for validation errors' })),
+  }, { additionalProperties: true }),
+}, { description: 'An error: see /docs/errors for every code and its status' });
+
+/** Permissions of the routes an `agent` key reaches, with its vault's session token. */
+const AGENT_PERMISSIONS = new Set(['pay', 'vault_read']);
+
+/**
+ * What the document adds to each route's schema (for the document only: answers are not
+ * serialised with it): the error responses, and the headers a route reads beyond
+ * Authorization — `Idempotency-Key` where the body takes `idempotencyKey`, `Session-Token`
+ * where an agent key may call it.
+ */
+function documented({ schema, url, route }: { schema: Record<string, any>; url: string; route: { config?: unknown } }) {
+  if (!schema || schema.hide) return { schema, url };
+  const permission = (route.config as { permission?: string } | undefined)?.permission;
+  const headers: Record<string, ReturnType<typeof Type.String>> = {};
+  if (schema.body?.properties?.idempotencyKey) {
+    headers['idempotency-key'] = Type.String({ description: 'makes the request safe to retry: a replay answers the first answer (or idempotencyKey in the body)' });
+  }
+  if (permission !== undefined && AGENT_PERMISSIONS.has(permission)) {
+    headers['session-token'] = Type.String({ description: 'required with an agent key: the session token of the vault acted on (POST /v1/wallets/{id}/rotate-token)' });
+  }
+  return {
+    url,
+    schema: {
+      ...schema,
+      ...(Object.keys(headers).length ? { headers: Type.Object(headers) } : {}),
+      response: { ...schema.response, '4xx': ErrorResponse, '5xx': ErrorResponse },
+    },
+  };
+}
+
 export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
   await app.register(swagger, {
+    transform: documented,
     openapi: {
       openapi: '3.1.0',
       info: {
@@ -38,7 +80,7 @@ tr:target{background:#fff6d5}</style></head><body>
 <h1>Errors</h1>
 <p>Every error response is <code>{"error": {"code", "message", "docs", "request_id", ...}}</code>.
 Validation errors add <code>param</code>; policy violations add <code>violation</code> {rule, limit, attempted},
-<code>wallet_id</code> and <code>policy_id</code>. The <code>Request-Id</code> header equals <code>request_id</code>.</p>
+<code>wallet_id</code>, <code>policy_id</code> and <code>tx_id</code> (the blocked attempt, recorded). The <code>Request-Id</code> header equals <code>request_id</code>.</p>
 <table><thead><tr><th>code</th><th>status</th><th>meaning</th></tr></thead><tbody>
 ${rows.join('\n')}
 </tbody></table></body></html>`);

@@ -178,6 +178,18 @@ describe('HTTP foundation', () => {
     assert.equal(openapi.status, 200);
     assert.equal(openapi.body.openapi, '3.1.0');
     assert.ok(openapi.body.paths['/v1/organization']);
+    // Every operation documents its errors; the headers a route reads beyond Authorization are parameters.
+    const pay = openapi.body.paths['/v1/payments'].post;
+    for (const range of ['4XX', '5XX']) {
+      const schema = pay.responses[range]?.content?.['application/json']?.schema;
+      assert.ok(schema, `POST /v1/payments documents ${range}`);
+      assert.ok(JSON.stringify(schema).includes('wallet_insufficient_balance'), 'with the closed list of codes');
+    }
+    const headerNames = (operation: { parameters?: Array<{ in: string; name: string }> }) =>
+      (operation.parameters ?? []).filter((p) => p.in === 'header').map((p) => p.name.toLowerCase()).sort();
+    assert.deepEqual(headerNames(pay), ['idempotency-key', 'session-token']);
+    assert.deepEqual(headerNames(openapi.body.paths['/v1/organization'].get), []);
+    assert.ok(openapi.body.paths['/v1/organization'].get.responses['4XX'], 'every operation');
     const docs = await t.request('GET', '/docs/', { key: null });
     assert.equal(docs.status, 200);
     const errors = await t.request('GET', '/docs/errors', { key: null });
