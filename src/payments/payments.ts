@@ -96,10 +96,6 @@ export async function rulesFor(q: Queryable, wallet: WalletRow) {
   return rulesOf(policy);
 }
 
-function violationError(walletId: string, policyId: string, violation: Violation): ServiceError {
-  return new ServiceError('policy_violation', `The payment breaks the ${violation.rule} rule of policy ${policyId}.`,
-    { violation, wallet_id: walletId, policy_id: policyId });
-}
 
 /**
  * Records a spend the policy refused (a payment, or an escrow's `a2a_send`): `blocked`, with its
