@@ -9,6 +9,8 @@ import type { LocalValidator } from './validator.ts';
 
 /** Largest request body: a full batch of transactions fits with room to spare. */
 export const MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024;
+/** Connections open at once (each may hold a body of up to MAX_REQUEST_BODY_BYTES); more are closed as they come. */
+export const MAX_CONNECTIONS = 256;
 /** A request must arrive within this. */
 const REQUEST_TIMEOUT_MS = 30_000;
 
@@ -92,6 +94,7 @@ export async function startRpcServer(validator: LocalValidator, options: RpcServ
       );
     });
   });
+  server.maxConnections = MAX_CONNECTIONS;
   await new Promise<void>((resolveListen, rejectListen) => {
     server.once('error', rejectListen);
     server.listen(options.port, host, () => {

@@ -29,6 +29,27 @@ describe('JSON-RPC handler errors', () => {
     assert.equal(await handler.handle(JSON.stringify({ jsonrpc: '2.0', method: 'getSlot' })), '', 'notifications get no answer');
   });
 
+  it('bounds what one answer weighs: a batch past the bound answers the rest with errors, unrun; accounts past theirs are refused', async () => {
+    const bounded = createRpcHandler(validator, { limits: { responseBytes: 2_000, multipleAccountsDataBytes: 1_000 } });
+    const balance = (id: number) => ({ jsonrpc: '2.0', id, method: 'getBalance', params: [validator.authority] });
+    const batch = JSON.parse(await bounded.handle(JSON.stringify(Array.from({ length: 100 }, (_, i) => balance(i)))));
+    assert.equal(batch.length, 100, 'every request answered');
+    const answered = batch.filter((r: any) => r.result).length;
+    assert.ok(answered > 5 && answered < 50, `${answered} answered before the bound`);
+    assert.ok(batch.slice(answered).every((r: any) => r.error?.code === -32603 && /not run/.test(r.error.message)));
+    assert.deepEqual(batch.map((r: any) => r.id), Array.from({ length: 100 }, (_, i) => i), 'in order, each with its id');
+    const mint = validator.usdcMint; // 82 bytes of data: 13 of them pass 1,000
+    const accounts = createRpcHandler(validator, { limits: { multipleAccountsDataBytes: 1_000 } });
+    const many = JSON.parse(await accounts.handle(JSON.stringify({
+      jsonrpc: '2.0', id: 1, method: 'getMultipleAccounts', params: [Array(13).fill(mint), { encoding: 'base64' }],
+    })));
+    assert.equal(many.error?.code, -32602, JSON.stringify(many).slice(0, 200));
+    const fewer = JSON.parse(await accounts.handle(JSON.stringify({
+      jsonrpc: '2.0', id: 1, method: 'getMultipleAccounts', params: [Array(12).fill(mint), { encoding: 'base64' }],
+    })));
+    assert.equal(fewer.result.value.length, 12);
+  });
+
   it('accepts commitment parameters and answers with a context slot', async () => {
     const response = await call({ jsonrpc: '2.0', id: 'a', method: 'getBalance', params: [validator.authority, { commitment: 'confirmed' }] });
     assert.equal(response.id, 'a');

@@ -42,6 +42,10 @@ export const MAX_BATCH_REQUESTS = 1_000;
 export const MAX_SIGNATURE_STATUSES = 256;
 /** Accounts per getMultipleAccounts, as on a real node. */
 export const MAX_MULTIPLE_ACCOUNTS = 100;
+/** Account data one getMultipleAccounts answers at most (before encoding); more is refused. */
+export const MAX_MULTIPLE_ACCOUNTS_DATA_BYTES = 32 * 1024 * 1024;
+/** The text of one answer, a batch's included, at most: past it, what is left is refused. */
+export const MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 /** Signatures per getSignaturesForAddress, as on a real node (also its default). */
 export const MAX_SIGNATURES_FOR_ADDRESS = 1_000;
 /** Real nodes refuse base58 account data beyond this. */
@@ -178,15 +182,31 @@ function statusOf(err: TransactionErrorJson | null): Record<string, unknown> {
   return err === null ? { Ok: null } : { Err: err };
 }
 
+/** What one answer may weigh (tests set them low). */
+export interface RpcLimits {
+  responseBytes: number;
+  multipleAccountsDataBytes: number;
+}
+
+export interface RpcHandlerOptions {
+  log?: (entry: Record<string, unknown>) => void;
+  limits?: Partial<RpcLimits>;
+}
+
 export class RpcHandler {
   readonly #validator: LocalValidator;
   readonly #methods: Record<string, (params: Params) => unknown>;
 
   readonly #log: (entry: Record<string, unknown>) => void;
+  readonly #limits: RpcLimits;
 
-  constructor(validator: LocalValidator, options: { log?: (entry: Record<string, unknown>) => void } = {}) {
+  constructor(validator: LocalValidator, options: RpcHandlerOptions = {}) {
     this.#validator = validator;
     this.#log = options.log ?? (() => {});
+    this.#limits = {
+      responseBytes: options.limits?.responseBytes ?? MAX_RESPONSE_BYTES,
+      multipleAccountsDataBytes: options.limits?.multipleAccountsDataBytes ?? MAX_MULTIPLE_ACCOUNTS_DATA_BYTES,
+    };
     const v = validator;
     this.#methods = {
       getHealth: () => {
@@ -238,6 +258,13 @@ export class RpcHandler {
           throw invalidParams(`Too many inputs provided; max ${MAX_MULTIPLE_ACCOUNTS}`);
         }
         const config = this.#readContextConfig(p, 1);
+        // The same address a hundred times over a 10 MB account would answer 1.3 GB of text.
+        let dataBytes = 0;
+        for (const a of addresses as string[]) dataBytes += this.#validator.getAccount(a)?.data.length ?? 0;
+        if (dataBytes > this.#limits.multipleAccountsDataBytes) {
+          throw invalidParams(`Invalid params: the accounts hold ${dataBytes} bytes of data, more than ${this.#limits.multipleAccountsDataBytes} `
+            + 'in one answer: ask for fewer, or use dataSlice');
+        }
         return this.#withContext((addresses as string[]).map((a) => this.#account(a, config)));
       },
       getTokenAccountBalance: (p) => {
@@ -489,8 +516,36 @@ export class RpcHandler {
     } catch {
       return stringifyJson(this.#error(null, JSON_RPC_ERRORS.parseError, 'Parse error'));
     }
-    const response = await this.handlePayload(payload);
-    return response === null ? '' : stringifyJson(response);
+    if (!Array.isArray(payload) || payload.length === 0 || payload.length > MAX_BATCH_REQUESTS) {
+      const response = await this.handlePayload(payload);
+      return response === null ? '' : this.#bounded(stringifyJson(response), Array.isArray(response) ? null : response.id);
+    }
+    // A batch's answers are turned into text one by one, so that what it holds stays bounded: past
+    // MAX_RESPONSE_BYTES, the requests left are answered with an error instead of run.
+    const texts: string[] = [];
+    let bytes = 2;
+    for (const request of payload) {
+      const id = request && typeof request === 'object' && 'id' in request ? (request as { id: unknown }).id : null;
+      const validId = typeof id === 'string' || typeof id === 'number' ? id : null;
+      let text: string;
+      if (bytes > this.#limits.responseBytes) {
+        text = stringifyJson(this.#error(validId, JSON_RPC_ERRORS.internalError,
+          `The batch's answers passed ${this.#limits.responseBytes} bytes: this request was not run; send fewer per batch.`));
+      } else {
+        const response = await this.#handleOne(request);
+        if (!response) continue;
+        text = this.#bounded(stringifyJson(response), validId);
+      }
+      texts.push(text);
+      bytes += text.length + 1;
+    }
+    return texts.length ? `[${texts.join(',')}]` : '';
+  }
+
+  /** An answer's text, or an error in its place when it alone passes MAX_RESPONSE_BYTES. */
+  #bounded(text: string, id: JsonRpcId): string {
+    if (text.length <= this.#limits.responseBytes) return text;
+    return stringifyJson(this.#error(id, JSON_RPC_ERRORS.internalError, `The answer passes ${this.#limits.responseBytes} bytes.`));
   }
 
   #error(id: JsonRpcId, code: number, message: string, data?: unknown): JsonRpcResponse {
@@ -551,6 +606,6 @@ function tokenAmount(amount: bigint, decimals: number): Record<string, unknown> 
   return { amount: amount.toString(), decimals, uiAmount: Number(uiAmountString), uiAmountString };
 }
 
-export function createRpcHandler(validator: LocalValidator, options: { log?: (entry: Record<string, unknown>) => void } = {}): RpcHandler {
+export function createRpcHandler(validator: LocalValidator, options: RpcHandlerOptions = {}): RpcHandler {
   return new RpcHandler(validator, options);
 }
