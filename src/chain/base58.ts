@@ -46,9 +46,12 @@ export function encodeBase58(bytes: Uint8Array): string {
   return '1'.repeat(zeros) + digits;
 }
 
-/** Decodes base58 text; returns null when it is not base58 (or absurdly long). */
-export function decodeBase58(text: string): Uint8Array | null {
-  if (text.length > MAX_TEXT_LENGTH) return null;
+/**
+ * Decodes base58 text; returns null when it is not base58, or longer than `maxLength` (an
+ * address or signature by default; the work grows with the square of the length).
+ */
+export function decodeBase58(text: string, maxLength = MAX_TEXT_LENGTH): Uint8Array | null {
+  if (text.length > maxLength) return null;
   let zeros = 0;
   while (zeros < text.length && text.charCodeAt(zeros) === 49 /* '1' */) zeros++;
   const bytes = new Uint8Array(Math.ceil(((text.length - zeros) * 733) / 1000) + 1);

@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createSolanaRpc, generateKeyPairSigner, lamports } from '@solana/kit';
+import { encodeBase58 } from '../chain/base58.ts';
 import { ManualClock } from '../clock/clock.ts';
 import { startRpcServer, MAX_REQUEST_BODY_BYTES, type RpcServer } from './http.ts';
 import { describeRpcSuite } from './rpc-suite.ts';
@@ -90,6 +91,20 @@ describe('local validator slots over HTTP', () => {
     const lamportsText = /"value":(\d+)/.exec(text)?.[1];
     assert.equal(lamportsText, validator.getBalance(validator.authority).toString());
     assert.ok(BigInt(lamportsText!) > BigInt(Number.MAX_SAFE_INTEGER));
+  });
+
+  it('takes a transaction in base58, sendTransaction\'s default encoding', async () => {
+    const payer = await generateKeyPairSigner();
+    await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(1_000_000_000n)).send());
+    const { wire, signature } = await signedTransaction(rpc, payer, [transferSol(payer, (await generateKeyPairSigner()).address, 1_000_000n)]);
+    const text = encodeBase58(Buffer.from(wire, 'base64'));
+    assert.ok(text.length > 128, 'longer than an address');
+    const response = await fetch(server.url, {
+      method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'sendTransaction', params: [text, { skipPreflight: true }] }),
+    });
+    assert.deepEqual(await response.json(), { jsonrpc: '2.0', id: 1, result: signature });
+    assert.equal((await confirmed(rpc, signature)).err, null);
   });
 
   // Guarantee: a transaction whose blockhash the chain never issued never lands (as on a cluster).

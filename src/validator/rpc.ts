@@ -42,6 +42,8 @@ export const MAX_BATCH_REQUESTS = 1_000;
 export const MAX_SIGNATURE_STATUSES = 256;
 /** Accounts per getMultipleAccounts, as on a real node. */
 export const MAX_MULTIPLE_ACCOUNTS = 100;
+/** A transaction's 1,232 bytes at most, in base58 (sendTransaction's default encoding). */
+const MAX_TRANSACTION_BASE58_LENGTH = 1_683;
 /** Account data one getMultipleAccounts answers at most (before encoding); more is refused. */
 export const MAX_MULTIPLE_ACCOUNTS_DATA_BYTES = 32 * 1024 * 1024;
 /** The text of one answer, a batch's included, at most: past it, what is left is refused. */
@@ -148,7 +150,7 @@ function booleanOf(value: unknown, what: string, fallback: boolean): boolean {
 function decodeTransaction(text: string, encoding: unknown): Uint8Array {
   let bytes: Uint8Array | null;
   if (encoding === undefined || encoding === null || encoding === 'base58') {
-    bytes = decodeBase58(text);
+    bytes = decodeBase58(text, MAX_TRANSACTION_BASE58_LENGTH);
     if (!bytes) throw invalidParams('invalid base58 encoding: InvalidCharacter');
   } else if (encoding === 'base64') {
     if (!/^[A-Za-z0-9+/]*={0,2}$/.test(text)) throw invalidParams('invalid base64 encoding');
