@@ -26,6 +26,9 @@ describe('JSON-RPC handler errors', () => {
     assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'sendTransaction', params: ['AAAA', { encoding: 'base64' }] })).error.code, -32602);
     assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [validator.authority, '1.5'] })).error.code, -32602);
     assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'getSignatureStatuses', params: [Array(257).fill('x')] })).error.code, -32602);
+    // Not a signature: refused as a node refuses it, not answered as an unknown transaction.
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'getSignatureStatuses', params: [['not-a-signature']] })).error.code, -32602);
+    assert.equal((await call({ jsonrpc: '2.0', id: 1, method: 'getTransaction', params: [validator.authority] })).error.code, -32602);
     assert.equal(await handler.handle(JSON.stringify({ jsonrpc: '2.0', method: 'getSlot' })), '', 'notifications get no answer');
   });
 

@@ -126,6 +126,11 @@ function addressAt(params: Params, index: number): string {
   return value;
 }
 
+/** A transaction signature: base58 of 64 bytes (what a node answers otherwise: -32602). */
+function isSignatureText(value: string): boolean {
+  return value.length >= 64 && value.length <= 88 && decodeBase58(value)?.length === 64;
+}
+
 function integerOf(value: unknown, what: string): bigint {
   if (typeof value === 'bigint') return value;
   if (typeof value === 'number' && Number.isInteger(value)) return BigInt(value);
@@ -283,6 +288,7 @@ export class RpcHandler {
           throw invalidParams('Invalid params: expected an array of signatures');
         }
         if (signatures.length > MAX_SIGNATURE_STATUSES) throw invalidParams(`Too many inputs provided; max ${MAX_SIGNATURE_STATUSES}`);
+        if (signatures.some((s) => !isSignatureText(s))) throw invalidParams('Invalid param: Invalid signature');
         const config = configAt(p, 1);
         booleanOf(config['searchTransactionHistory'], 'searchTransactionHistory', false);
         const slot = v.slot;
@@ -427,6 +433,7 @@ export class RpcHandler {
 
   #getTransaction(p: Params): unknown {
     const signature = stringAt(p, 0, 'signature');
+    if (!isSignatureText(signature)) throw invalidParams('Invalid param: Invalid signature');
     // The legacy form passes the encoding as a bare string.
     const config = typeof p[1] === 'string' ? { encoding: p[1] } : configAt(p, 1);
     if (config['commitment'] === 'processed') throw invalidParams('Method does not support commitment below `confirmed`');
