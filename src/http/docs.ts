@@ -33,19 +33,19 @@ const AGENT_PERMISSIONS = new Set(['pay', 'vault_read']);
 function documented({ schema, url, route }: { schema: Record<string, any>; url: string; route: { config?: unknown } }) {
   if (!schema || schema.hide) return { schema, url };
   const permission = (route.config as { permission?: string } | undefined)?.permission;
-  const headers: Record<string, ReturnType<typeof Type.String>> = {};
+  const headers: Record<string, ReturnType<typeof Type.Optional<ReturnType<typeof Type.String>>>> = {};
   if (schema.body?.properties?.idempotencyKey) {
-    headers['idempotency-key'] = Type.String({ description: 'makes the request safe to retry: a replay answers the first answer (or idempotencyKey in the body)' });
+    headers['idempotency-key'] = Type.Optional(Type.String({ description: 'makes the request safe to retry: a replay answers the first answer (or idempotencyKey in the body)' }));
   }
   if (permission !== undefined && AGENT_PERMISSIONS.has(permission)) {
-    headers['session-token'] = Type.String({ description: 'required with an agent key: the session token of the vault acted on (POST /v1/wallets/{id}/rotate-token)' });
+    headers['session-token'] = Type.Optional(Type.String({ description: 'with an agent key (and only then) required: the session token of the vault acted on (POST /v1/wallets/{id}/rotate-token)' }));
   }
   return {
     url,
     schema: {
       ...schema,
       ...(Object.keys(headers).length ? { headers: Type.Object(headers) } : {}),
-      response: { ...schema.response, '4xx': ErrorResponse, '5xx': ErrorResponse },
+      response: { ...(schema.response ?? { 200: { description: 'Default Response' } }), '4xx': ErrorResponse, '5xx': ErrorResponse },
     },
   };
 }

@@ -188,6 +188,9 @@ describe('HTTP foundation', () => {
     const headerNames = (operation: { parameters?: Array<{ in: string; name: string }> }) =>
       (operation.parameters ?? []).filter((p) => p.in === 'header').map((p) => p.name.toLowerCase()).sort();
     assert.deepEqual(headerNames(pay), ['idempotency-key', 'session-token']);
+    assert.ok(pay.parameters.filter((p: { in: string }) => p.in === 'header').every((p: { required?: boolean }) => !p.required),
+      'optional: an admin key pays without a session token, and any request without an idempotency key');
+    assert.ok(openapi.body.paths['/v1/transactions/exports/{export_id}/download'].get.responses['200'], 'a route without a response schema keeps its 200');
     assert.deepEqual(headerNames(openapi.body.paths['/v1/organization'].get), []);
     assert.ok(openapi.body.paths['/v1/organization'].get.responses['4XX'], 'every operation');
     const docs = await t.request('GET', '/docs/', { key: null });

@@ -41,6 +41,9 @@ describe('JSON-RPC handler errors', () => {
     assert.ok(answered > 5 && answered < 50, `${answered} answered before the bound`);
     assert.ok(batch.slice(answered).every((r: any) => r.error?.code === -32603 && /not run/.test(r.error.message)));
     assert.deepEqual(batch.map((r: any) => r.id), Array.from({ length: 100 }, (_, i) => i), 'in order, each with its id');
+    const notification = { jsonrpc: '2.0', method: 'getSlot' };
+    const tail = JSON.parse(await bounded.handle(JSON.stringify([...Array.from({ length: 60 }, (_, i) => balance(i)), notification, notification])));
+    assert.equal(tail.length, 60, 'notifications past the bound get no answer either');
     const mint = validator.usdcMint; // 82 bytes of data: 13 of them pass 1,000
     const accounts = createRpcHandler(validator, { limits: { multipleAccountsDataBytes: 1_000 } });
     const many = JSON.parse(await accounts.handle(JSON.stringify({
@@ -51,6 +54,10 @@ describe('JSON-RPC handler errors', () => {
       jsonrpc: '2.0', id: 1, method: 'getMultipleAccounts', params: [Array(12).fill(mint), { encoding: 'base64' }],
     })));
     assert.equal(fewer.result.value.length, 12);
+    const sliced = JSON.parse(await accounts.handle(JSON.stringify({
+      jsonrpc: '2.0', id: 1, method: 'getMultipleAccounts', params: [Array(13).fill(mint), { encoding: 'base64', dataSlice: { offset: 0, length: 0 } }],
+    })));
+    assert.equal(sliced.result?.value.length, 13, 'a zero-length slice weighs nothing');
   });
 
   it('accepts commitment parameters and answers with a context slot', async () => {

@@ -266,8 +266,11 @@ export class RpcHandler {
         }
         const config = this.#readContextConfig(p, 1);
         // The same address a hundred times over a 10 MB account would answer 1.3 GB of text.
+        const slice = config['dataSlice'] as { offset?: unknown; length?: unknown } | null | undefined;
+        const sliced = (length: number) => (slice && typeof slice === 'object'
+          ? Math.max(0, Math.min(Number(slice.length) || 0, length - (Number(slice.offset) || 0))) : length);
         let dataBytes = 0;
-        for (const a of addresses as string[]) dataBytes += this.#validator.getAccount(a)?.data.length ?? 0;
+        for (const a of addresses as string[]) dataBytes += sliced(this.#validator.getAccount(a)?.data.length ?? 0);
         if (dataBytes > this.#limits.multipleAccountsDataBytes) {
           throw invalidParams(`Invalid params: the accounts hold ${dataBytes} bytes of data, more than ${this.#limits.multipleAccountsDataBytes} `
             + 'in one answer: ask for fewer, or use dataSlice');
@@ -538,6 +541,8 @@ export class RpcHandler {
       const validId = typeof id === 'string' || typeof id === 'number' ? id : null;
       let text: string;
       if (bytes > this.#limits.responseBytes) {
+        // A notification gets no answer, run or not.
+        if (request && typeof request === 'object' && !Array.isArray(request) && !('id' in request)) continue;
         text = stringifyJson(this.#error(validId, JSON_RPC_ERRORS.internalError,
           `The batch's answers passed ${this.#limits.responseBytes} bytes: this request was not run; send fewer per batch.`));
       } else {

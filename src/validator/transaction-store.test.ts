@@ -201,6 +201,40 @@ describe('TransactionStore when the disk fails', () => {
     }
   });
 
+  it('one file\'s write failing while the other\'s is still under way: the cut waits for both', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    const methods = await fileHandleMethods(dir);
+    const appendFile = methods.appendFile!;
+    let failNext = true;
+    methods.appendFile = async function (this: unknown, data: unknown, ...rest: unknown[]) {
+      if (!failNext || typeof data !== 'string') return appendFile.call(this, data, ...rest);
+      if (data.startsWith('{"q":')) throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+      // The details: half now, the rest a moment later, then the disk is full.
+      failNext = false;
+      await appendFile.call(this, data.slice(0, data.length >> 1));
+      await new Promise((resolve) => setTimeout(resolve, 30));
+      await appendFile.call(this, data.slice(data.length >> 1, -5));
+      throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+    };
+    try {
+      const store = new TransactionStore(join(dir, 'tx'));
+      const batch = [withKeys(1)];
+      await assert.rejects(store.append(batch), /ENOSPC/);
+      methods.appendFile = appendFile;
+      await new Promise((resolve) => setTimeout(resolve, 100)); // the next snapshot writes it again
+      await store.append(batch);
+      store.publish(batch);
+      await store.close();
+      const reloaded = new TransactionStore(join(dir, 'tx'));
+      reloaded.load(1);
+      assert.ok(reloaded.get('sig1'), 'the status is back');
+      assert.ok(reloaded.detail('sig1'), 'and its detail');
+    } finally {
+      methods.appendFile = appendFile;
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('a flush that fails and its retry: no line twice, and eviction past the capacity still works', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
     const methods = await fileHandleMethods(dir);

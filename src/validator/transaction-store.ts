@@ -267,6 +267,8 @@ export class TransactionStore {
   load(maxSeq: number): void {
     if (!this.#dir) return;
     mkdirSync(this.#dir, { recursive: true, mode: 0o700 });
+    // A replacement a crash interrupted before its rename (the file it was for is whole).
+    for (const name of readdirSync(this.#dir)) if (name.endsWith('.tmp')) rmSync(join(this.#dir, name), { force: true });
     this.#segments = readdirSync(this.#dir)
       .map((name) => /^(\d{8})\.jsonl$/.exec(name)?.[1])
       .filter((n): n is string => n !== undefined)
@@ -373,12 +375,13 @@ export class TransactionStore {
       const status = this.#statusHandle!;
       const details = this.#detailHandle!;
       const [statusSize, detailSize] = await Promise.all([status.stat(), details.stat()]).then((stats) => stats.map((stat) => stat.size));
-      try {
-        await Promise.all([status.appendFile(statusText), details.appendFile(detailText)]);
-        await Promise.all([status.datasync(), details.datasync()]);
-      } catch (error) {
+      // Both writes (then both flushes) run to their end, failed or not, before the files are cut
+      // back: a write still under way would otherwise land past the cut.
+      const failure = await firstFailure([status.appendFile(statusText), details.appendFile(detailText)])
+        ?? await firstFailure([status.datasync(), details.datasync()]);
+      if (failure) {
         await this.#cutBack([[status, statusSize!], [details, detailSize!]]);
-        throw error;
+        throw failure.error;
       }
       this.#segmentCount += part.length;
       start += part.length;
@@ -440,6 +443,12 @@ export class TransactionStore {
   static reset(dir: string): void {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** Waits for every promise; the first rejection, if any. */
+async function firstFailure(work: ReadonlyArray<Promise<unknown>>): Promise<{ error: unknown } | null> {
+  const rejected = (await Promise.allSettled(work)).find((outcome) => outcome.status === 'rejected');
+  return rejected ? { error: (rejected as PromiseRejectedResult).reason } : null;
 }
 
 /**
