@@ -32,6 +32,8 @@ export function normaliseDomain(text: string): string | null {
   const domain = text.toLowerCase();
   const labels = domain.split('.');
   if (labels.length < 2 || !labels.every((label) => DOMAIN_LABEL.test(label))) return null;
+  // A top-level label is never all digits: `1.2.3.4` is an IP address, not a name.
+  if (/^\d+$/.test(labels.at(-1)!)) return null;
   return domain;
 }
 
