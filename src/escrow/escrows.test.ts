@@ -111,6 +111,35 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('a release the chain refuses (it landed after the expiry) leaves the escrow locked, with no completion on it', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '1');
+    const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 60 })).body;
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    // The release reaches the chain after the escrow's expiry: the program refuses it.
+    chain.submit = async (...args: Parameters<typeof submit>) => {
+      chain.submit = submit;
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 120 } });
+      return submit.apply(chain, args);
+    };
+    try {
+      const completed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+        body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
+      });
+      assert.equal(completed.status, 200, JSON.stringify(completed.body));
+    } finally {
+      chain.submit = submit;
+    }
+    await t.settled();
+    const escrow = await escrowOf(created.escrow_id);
+    assert.equal(escrow.status, 'locked', JSON.stringify(escrow));
+    assert.equal(escrow.completed_at, null);
+    assert.equal(escrow.proof_type, null);
+    assert.equal(await balanceOf(t, to.wallet_id), '1.00', 'nothing reached the receiver');
+    assert.equal(await chainBalance(created.chain_address), 4_000_000n, 'the escrow account still holds it');
+  });
+
   test('a vault that is a party to an open escrow cannot be archived: its refund or release would be stranded', async () => {
     const from = await fundedWallet(t, '4');
     const to = await fundedWallet(t, '1');

@@ -660,9 +660,14 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
     // The chain refused the move: a refused creation never locked anything; a refused payout
     // leaves the escrow as it was before (a release after the expiry: the timeout refunds it).
     const status = escrow.closing === 'create' ? 'failed' : escrow.closing === 'resolve' ? 'disputed' : 'locked';
+    // A refused release also takes back what its completion set: the escrow is locked again, with
+    // no proof that took effect.
     await tx.query(
       `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_valid_height = NULL,
          resolution = CASE WHEN closing = 'resolve' THEN NULL ELSE resolution END, updated_at = $3,
+         completed_at = CASE WHEN closing = 'release' THEN NULL ELSE completed_at END,
+         proof_type = CASE WHEN closing = 'release' THEN NULL ELSE proof_type END,
+         output_url = CASE WHEN closing = 'release' THEN NULL ELSE output_url END,
          settled_at = CASE WHEN $2 = 'failed' THEN $3 ELSE settled_at END WHERE id = $1`,
       [escrow.id, status, now]);
   }
