@@ -98,11 +98,17 @@ export async function startTestService(options: { env?: Record<string, string>; 
     async close() {
       await service.close();
       rmSync(dataDir, { recursive: true, force: true });
-      if (databaseUrl && schema) {
-        const admin = await openDatabase({ databaseUrl, dataDir: null });
-        await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
-        await admin.close();
-      }
+      if (databaseUrl && schema) await onDatabase(databaseUrl, `DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
     },
   };
+}
+
+/** Runs one statement on the PostgreSQL server of `databaseUrl`, outside any service (creating or dropping a test's schema). */
+export async function onDatabase(databaseUrl: string, sql: string): Promise<void> {
+  const admin = await openDatabase({ databaseUrl, dataDir: null });
+  try {
+    await admin.query(sql);
+  } finally {
+    await admin.close();
+  }
 }

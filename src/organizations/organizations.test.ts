@@ -9,15 +9,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
-import { startTestService, type TestService } from '../../test/harness.ts';
+import { onDatabase, startTestService, type TestService } from '../../test/harness.ts';
+import { startSharedChain } from '../../test/shared-chain.ts';
 import type { ChainClient } from '../chain/client.ts';
-import { encodeSecretKeyBase58, generateSecretKey } from '../chain/operator-key.ts';
-import { OffsetClock } from '../clock/clock.ts';
 import { loadConfig } from '../config/config.ts';
-import { openDatabase, quoteIdentifier } from '../db/database.ts';
+import { quoteIdentifier } from '../db/database.ts';
 import { buildService, type Service } from '../server.ts';
-import { startRpcServer } from '../validator/http.ts';
-import { DEFAULT_PROGRAM_SO_PATH, LocalValidator } from '../validator/validator.ts';
 import { createOrganizationCommand } from './command.ts';
 import { bootstrapOrganizations, createOrganization } from './organizations.ts';
 
@@ -68,22 +65,15 @@ test('processes starting together on an empty database all start, with one defau
     context.skip('needs DATABASE_URL (PGlite has one process per data dir)');
     return;
   }
-  // One chain for both, as processes sharing a database share one: a local validator over HTTP.
-  const chainDir = mkdtempSync(join(tmpdir(), 'av-race-chain-'));
-  const validator = await LocalValidator.open({ dataDir: chainDir, slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
-  const rpc = await startRpcServer(validator, { port: 0 });
-  const operatorKey = encodeSecretKeyBase58(generateSecretKey());
+  const chain = await startSharedChain();
   try {
     for (let round = 0; round < 3; round += 1) {
       const schema = `t_${randomBytes(6).toString('hex')}`;
       const dirs = [mkdtempSync(join(tmpdir(), 'av-race-')), mkdtempSync(join(tmpdir(), 'av-race-'))];
       // The tests' own schema, made first (production uses the database's own schema).
-      const maker = await openDatabase({ databaseUrl, dataDir: null });
-      await maker.query(`CREATE SCHEMA ${quoteIdentifier(schema)}`);
-      await maker.close();
-      const started: Array<PromiseSettledResult<Service>> = await Promise.allSettled(dirs.map((dir): Promise<Service> => buildService(loadConfig({
-        AGENT_VAULT_DATA_DIR: dir, AGENT_VAULT_RPC_URL: rpc.url, AGENT_VAULT_OPERATOR_KEY: operatorKey, DATABASE_URL: databaseUrl, LOG_LEVEL: 'silent',
-      }), { schema, scheduleJobs: false, workers: false, logger: pino({ level: 'silent' }) })));
+      await onDatabase(databaseUrl, `CREATE SCHEMA ${quoteIdentifier(schema)}`);
+      const started: Array<PromiseSettledResult<Service>> = await Promise.allSettled(
+        dirs.map((dataDir) => chain.start({ databaseUrl, schema, dataDir })));
       const services = started.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
       try {
         assert.deepEqual(started.map((result) => (result.status === 'fulfilled' ? 'started' : String(result.reason))), ['started', 'started']);
@@ -92,16 +82,12 @@ test('processes starting together on an empty database all start, with one defau
         assert.equal(services.filter((service) => service.bootstrapAdminKey !== null).length, 1, 'one of them made it, and shows its key');
       } finally {
         for (const service of services) await service.close();
-        const admin = await openDatabase({ databaseUrl, dataDir: null });
-        await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
-        await admin.close();
+        await onDatabase(databaseUrl, `DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
         for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
       }
     }
   } finally {
-    await rpc.close();
-    await validator.close();
-    rmSync(chainDir, { recursive: true, force: true });
+    await chain.close();
   }
 });
 
@@ -123,9 +109,7 @@ test('a start against another chain than the database was made with is refused, 
     // Its own data dir again: it starts.
     await (await start(dirs[0]!)).close();
   } finally {
-    const admin = await openDatabase({ databaseUrl, dataDir: null });
-    await admin.query(`DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
-    await admin.close();
+    await onDatabase(databaseUrl, `DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
     for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
   }
 });
