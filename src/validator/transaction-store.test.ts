@@ -163,28 +163,38 @@ describe('TransactionStore address index', () => {
 
 describe('TransactionStore when the disk fails', () => {
   const withKeys = (seq: number): ExecutedTransaction => ({ ...executed(seq), accountKeys: ['operator'] });
-  /** FileHandle's prototype, whose methods the store's writes go through. */
-  const fileHandleMethods = async (dir: string): Promise<Record<string, (...args: unknown[]) => Promise<unknown>>> => {
-    const handle = await open(join(dir, 'probe'), 'w');
-    await handle.close();
-    return Object.getPrototypeOf(handle);
+  type HandleMethod = (this: unknown, ...args: unknown[]) => Promise<unknown>;
+  const diskFull = () => Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+  /**
+   * Runs `body` in a fresh directory with FileHandle's `name` (through which the store writes)
+   * replaced by what `replace` makes of the real one; restored and the directory removed after.
+   */
+  const withHandleMethod = async (
+    name: 'appendFile' | 'datasync', replace: (real: HandleMethod) => HandleMethod, body: (dir: string) => Promise<void>,
+  ): Promise<void> => {
+    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
+    const probe = await open(join(dir, 'probe'), 'w');
+    await probe.close();
+    const methods = Object.getPrototypeOf(probe) as Record<string, HandleMethod>;
+    const real = methods[name]!;
+    methods[name] = replace(real);
+    try {
+      await body(dir);
+    } finally {
+      methods[name] = real;
+      rmSync(dir, { recursive: true, force: true });
+    }
   };
 
   // Guarantee: a status made visible survives a restart, whatever failed write came before it.
   it('a write cut short (a full disk) and its retry: the batch reads back whole, once', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
-    const methods = await fileHandleMethods(dir);
-    const appendFile = methods.appendFile!;
     let failNext = true;
-    methods.appendFile = async function (this: unknown, data: unknown, ...rest: unknown[]) {
-      if (failNext && typeof data === 'string' && data.startsWith('{"q":')) {
-        failNext = false;
-        await appendFile.call(this, data.slice(0, 15));
-        throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
-      }
-      return appendFile.call(this, data, ...rest);
-    };
-    try {
+    await withHandleMethod('appendFile', (appendFile) => async function (this: unknown, data: unknown, ...rest: unknown[]) {
+      if (!failNext || typeof data !== 'string' || !data.startsWith('{"q":')) return appendFile.call(this, data, ...rest);
+      failNext = false;
+      await appendFile.call(this, data.slice(0, 15));
+      throw diskFull();
+    }, async (dir) => {
       const store = new TransactionStore(join(dir, 'tx'));
       const batch = [withKeys(1), withKeys(2)];
       await assert.rejects(store.append(batch), /ENOSPC/);
@@ -195,32 +205,24 @@ describe('TransactionStore when the disk fails', () => {
       reloaded.load(2);
       assert.ok(reloaded.get('sig1') && reloaded.get('sig2'), 'both statuses are back');
       assert.deepEqual(reloaded.forAddress('operator', { limit: 10 }).map((r) => r.signature), ['sig2', 'sig1']);
-    } finally {
-      methods.appendFile = appendFile;
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('one file\'s write failing while the other\'s is still under way: the cut waits for both', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
-    const methods = await fileHandleMethods(dir);
-    const appendFile = methods.appendFile!;
     let failNext = true;
-    methods.appendFile = async function (this: unknown, data: unknown, ...rest: unknown[]) {
+    await withHandleMethod('appendFile', (appendFile) => async function (this: unknown, data: unknown, ...rest: unknown[]) {
       if (!failNext || typeof data !== 'string') return appendFile.call(this, data, ...rest);
-      if (data.startsWith('{"q":')) throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+      if (data.startsWith('{"q":')) throw diskFull();
       // The details: half now, the rest a moment later, then the disk is full.
       failNext = false;
       await appendFile.call(this, data.slice(0, data.length >> 1));
       await new Promise((resolve) => setTimeout(resolve, 30));
       await appendFile.call(this, data.slice(data.length >> 1, -5));
-      throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
-    };
-    try {
+      throw diskFull();
+    }, async (dir) => {
       const store = new TransactionStore(join(dir, 'tx'));
       const batch = [withKeys(1)];
       await assert.rejects(store.append(batch), /ENOSPC/);
-      methods.appendFile = appendFile;
       await new Promise((resolve) => setTimeout(resolve, 100)); // the next snapshot writes it again
       await store.append(batch);
       store.publish(batch);
@@ -229,25 +231,16 @@ describe('TransactionStore when the disk fails', () => {
       reloaded.load(1);
       assert.ok(reloaded.get('sig1'), 'the status is back');
       assert.ok(reloaded.detail('sig1'), 'and its detail');
-    } finally {
-      methods.appendFile = appendFile;
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('a flush that fails and its retry: no line twice, and eviction past the capacity still works', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'agent-vault-store-'));
-    const methods = await fileHandleMethods(dir);
-    const datasync = methods.datasync!;
     let failNext = true;
-    methods.datasync = async function (this: unknown) {
-      if (failNext) {
-        failNext = false;
-        throw Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' });
-      }
-      return datasync.call(this);
-    };
-    try {
+    await withHandleMethod('datasync', (datasync) => async function (this: unknown) {
+      if (!failNext) return datasync.call(this);
+      failNext = false;
+      throw Object.assign(new Error('EIO: i/o error, fdatasync'), { code: 'EIO' });
+    }, async (dir) => {
       const store = new TransactionStore(join(dir, 'tx'), { capacity: 100 });
       const first = Array.from({ length: 10 }, (_, i) => withKeys(i + 1));
       await assert.rejects(store.append(first), /EIO/);
@@ -259,10 +252,7 @@ describe('TransactionStore when the disk fails', () => {
       assert.equal(reloaded.forAddress('operator', { limit: 1_000 }).length, 10);
       assert.doesNotThrow(() => reloaded.publish(Array.from({ length: 95 }, (_, i) => withKeys(i + 11))));
       assert.equal(reloaded.forAddress('operator', { limit: 1_000 }).length, 100);
-    } finally {
-      methods.datasync = datasync;
-      rmSync(dir, { recursive: true, force: true });
-    }
+    });
   });
 
   it('a crash while a load cuts lines newer than the snapshot loses none of the older ones', async () => {
