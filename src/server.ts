@@ -56,7 +56,10 @@ export async function buildService(config: Config, options: BuildServiceOptions 
       config, db, clock, chain: chain.chain, validator: chain.validator, cheatcodes: chain.cheatcodes,
       webhookSender: new AttemptSender(clock), log: logger,
     };
-    const bootstrap = await bootstrapOrganizations(ctx, config.bootstrapKey, { onAdminKey: options.onAdminKey });
+    const bootstrap = await bootstrapOrganizations(ctx, config.bootstrapKey, {
+      onAdminKey: options.onAdminKey,
+      onPendingFailed: (orgId, error) => logger.error({ err: error, orgId }, 'organisation not set up on chain: it stays pending until a start sets it up'),
+    });
     const app = await buildApp(ctx, { logger });
     // Without the workers (`serve --no-workers`) the clock is still re-read each second, so a
     // test-clock advance made through another process is this one's time too.

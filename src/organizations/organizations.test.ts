@@ -11,7 +11,8 @@ import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
 import { onDatabase, startTestService, type TestService } from '../../test/harness.ts';
 import { startSharedChain } from '../../test/shared-chain.ts';
-import type { ChainClient } from '../chain/client.ts';
+import { generateKeyPairSigner, lamports } from '@solana/kit';
+import { ChainClient } from '../chain/client.ts';
 import { loadConfig } from '../config/config.ts';
 import { quoteIdentifier } from '../db/database.ts';
 import { buildService, type Service } from '../server.ts';
@@ -56,6 +57,39 @@ describe('creating an organisation', () => {
     assert.ok(key, error.message);
     await bootstrapOrganizations(t.service.ctx, null);
     assert.equal((await t.request('GET', '/v1/organization', { key })).status, 200);
+  });
+
+  test('a reserve another key set up first at its address is refused: no deposit address, a start still starts', async () => {
+    // The reserve's address derives from the organisation's id alone, which its setup
+    // transaction shows: another key can create the reserve there first, for the real mint.
+    let shown: { orgId: string; key: string } | null = null;
+    await assert.rejects(createOrganization({ ...t.service.ctx, chain: unfundedChain() }, {
+      name: 'Squatted', onCreated: (orgId, key) => { shown = { orgId, key: key.key }; },
+    }));
+    const { orgId, key } = shown as unknown as { orgId: string; key: string };
+    const own = t.service.ctx.chain;
+    const [squatter, arbiter] = await Promise.all([generateKeyPairSigner(), generateKeyPairSigner()]);
+    await own.rpc.requestAirdrop(squatter.address, lamports(10_000_000_000n)).send();
+    const theirs = new ChainClient({ rpc: own.rpc, programId: own.programId, usdcMint: own.usdcMint, operator: squatter, arbiter });
+    try {
+      const squatted = await theirs.execute([await theirs.initReserveIx(orgId)]);
+      assert.equal(squatted.err, null);
+    } finally {
+      theirs.close();
+    }
+
+    const failures: Array<{ orgId: string; message: string }> = [];
+    await bootstrapOrganizations(t.service.ctx, null, { onPendingFailed: (id, error) => failures.push({ orgId: id, message: error.message }) });
+    assert.equal(failures.length, 1);
+    assert.equal(failures[0]!.orgId, orgId);
+    assert.match(failures[0]!.message, /reserve .* was not set up by this service's operator key/);
+    const [row] = await t.service.ctx.db.query<{ chain_status: string }>('SELECT chain_status FROM organizations WHERE id = $1', [orgId]);
+    assert.equal(row!.chain_status, 'pending', 'never marked ready');
+    const org = await t.request('GET', '/v1/organization', { key });
+    assert.equal(org.status, 200);
+    assert.equal(org.body.reserve.token_account, null, 'the squatter\'s token account is not shown as the deposit address');
+    // Without someone to tell, the start fails saying why, as before.
+    await assert.rejects(bootstrapOrganizations(t.service.ctx, null), /was not set up by this service's operator key/);
   });
 });
 

@@ -9,6 +9,8 @@ import { generateApiKey, hashApiKey, describeKey, type Role } from '../auth/api-
 import { invalidRequest } from '../errors/errors.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
+import { decodeReserve, type ReserveAccount } from '../chain/program.ts';
+import { sameLimits } from '../policies/policies.ts';
 import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
 
 export interface OrganizationRow {
@@ -96,10 +98,43 @@ export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 
     const doneElsewhere = outcome.err?.name === 'AlreadyInitialized' && await ctx.chain.getAccountData(reserve) !== null;
     if (outcome.err && !doneElsewhere) throw new Error(`provisioning organisation ${orgId} on chain failed: ${outcome.err.name}`);
   }
+  await assertOwnSetup(ctx, orgId);
   await ctx.db.transaction(async (tx) => {
     await tx.query(`UPDATE organizations SET chain_status = 'ready' WHERE id = $1`, [orgId]);
     await tx.query(`UPDATE policies SET chain_status = 'ready' WHERE org_id = $1 AND is_preset`, [orgId]);
   });
+}
+
+/**
+ * The organisation's accounts found on chain are the service's own: the reserve made by the
+ * operator key for the service's USDC mint, and each preset policy made by it with the preset's
+ * limits. The program lets any key create them at their addresses first (they derive from the
+ * organisation's id alone): a reserve made by another key is that key's to spend from, so its
+ * token account must never be shown as the organisation's deposit address, nor vaults made
+ * under it. The organisation then stays `pending`.
+ */
+async function assertOwnSetup(ctx: Pick<AppContext, 'chain'>, orgId: string): Promise<void> {
+  const { reserve } = await ctx.chain.reserveAddresses(orgId);
+  const operator = ctx.chain.operator.address;
+  const refuse = (what: string): never => {
+    throw new Error(`organisation ${orgId}: ${what} on chain was not set up by this service's operator key (${operator}); `
+      + 'refusing to use it (the organisation stays pending; see docs/operations.md, "An organisation stays pending")');
+  };
+  const data = await ctx.chain.getAccountData(reserve);
+  let account: ReserveAccount | null = null;
+  try {
+    account = data ? decodeReserve(data) : null;
+  } catch {
+    refuse(`the account at its reserve address ${reserve}`);
+  }
+  if (!account || account.authority !== operator || account.mint !== ctx.chain.usdcMint) refuse(`its reserve ${reserve}`);
+  for (const preset of PRESETS) {
+    const policyAccount = await ctx.chain.policyAddress(orgId, preset.id);
+    const policy = await ctx.chain.getPolicy(policyAccount);
+    if (!policy || policy.authority !== operator || !sameLimits(policy, chainLimitsOf(preset.rules))) {
+      refuse(`its preset policy ${preset.id} (${policyAccount})`);
+    }
+  }
 }
 
 /**
@@ -121,13 +156,20 @@ export async function getOrganization(db: Queryable, orgId: string): Promise<Org
   return rows[0] ?? null;
 }
 
+export interface BootstrapOptions {
+  /** told the generated admin key of a new default organisation, once */
+  onAdminKey?: (orgId: string, adminKey: string) => void;
+  /** told why an organisation other than the default could not be set up on chain (it stays pending); without it, the start fails */
+  onPendingFailed?: (orgId: string, error: Error) => void;
+}
+
 /**
  * At start: the default organisation exists (created with AGENT_VAULT_BOOTSTRAP_KEY, or a
  * generated admin key returned once for printing), and every organisation is on chain.
  */
 export async function bootstrapOrganizations(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, bootstrapKey: string | null,
-  options: { onAdminKey?: (orgId: string, adminKey: string) => void } = {},
+  options: BootstrapOptions = {},
 ): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
   try {
     return await bootstrapOnce(ctx, bootstrapKey, options);
@@ -141,10 +183,20 @@ export async function bootstrapOrganizations(
 
 async function bootstrapOnce(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, bootstrapKey: string | null,
-  options: { onAdminKey?: (orgId: string, adminKey: string) => void },
+  options: BootstrapOptions,
 ): Promise<{ created: boolean; orgId: string; adminKey: string | null }> {
-  const pending = await ctx.db.query<{ id: string }>(`SELECT id FROM organizations WHERE chain_status = 'pending' ORDER BY id`);
-  for (const { id } of pending) await provisionOrganizationOnChain(ctx, id);
+  const pending = await ctx.db.query<{ id: string; is_default: boolean }>(
+    `SELECT id, is_default FROM organizations WHERE chain_status = 'pending' ORDER BY id`);
+  for (const { id, is_default: isDefault } of pending) {
+    try {
+      await provisionOrganizationOnChain(ctx, id);
+    } catch (error) {
+      // Nothing works without the default organisation; another one stays pending (its API
+      // answers, its money moves fail) and is tried again at the next start.
+      if (isDefault || !options.onPendingFailed) throw error;
+      options.onPendingFailed(id, error as Error);
+    }
+  }
   const existing = await ctx.db.query<{ id: string; reserve_address: string; chain_status: string }>(
     'SELECT id, reserve_address, chain_status FROM organizations WHERE is_default');
   if (existing[0]) {

@@ -13,7 +13,9 @@ export const OrganizationView = Type.Object({
   name: Type.String(),
   reserve: Type.Object({
     chain_address: Type.String({ description: 'the reserve account (program-derived address)' }),
-    token_account: Type.String({ description: 'its USDC token account: send USDC here to deposit' }),
+    token_account: Type.Union([Type.String(), Type.Null()], {
+      description: 'its USDC token account: send USDC here to deposit; null until the reserve is set up on chain',
+    }),
     usdc_balance: Type.String({ description: 'USDC available to fund vaults' }),
   }),
   created_at: Type.String(),
@@ -31,7 +33,8 @@ export function organizationRoutes(app: App, ctx: AppContext): void {
       name: org.name,
       reserve: {
         chain_address: org.reserve_address,
-        token_account: org.reserve_token_address,
+        // Shown once the service has set the reserve up and checked it is its own (organizations.ts).
+        token_account: org.chain_status === 'ready' ? org.reserve_token_address : null,
         usdc_balance: formatUsdc(org.reserve_balance),
       },
       created_at: org.created_at.toISOString(),

@@ -8,10 +8,12 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { address, generateKeyPairSigner } from '@solana/kit';
+import { address, generateKeyPairSigner, lamports } from '@solana/kit';
+import { ChainClient } from '../chain/client.ts';
+import { NO_LIMIT } from '../chain/program.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { AUDIT_PAGE_BYTES_MAX } from './policies.ts';
+import { AUDIT_PAGE_BYTES_MAX, syncPolicyToChain } from './policies.ts';
 
 const ADDRESS = 'So11111111111111111111111111111111111111112';
 const USDC = 1_000_000n;
@@ -517,4 +519,37 @@ describe('policies: refusals and their effects', () => {
     assert.equal(new Set(seen).size, 11);
     assert.ok(pages >= 2, `${pages} pages`);
   });
+});
+
+test('a policy account another key created first at its address is never marked ready', async () => {
+  const t = await startTestService({ workers: false });
+  try {
+    // A row not yet on chain, as a policy is between its commit and its chain write; its account's
+    // address derives from the ids alone, so another key can create it first with the same limits.
+    const policyId = `pol_squatted${process.pid}`;
+    const own = t.service.ctx.chain;
+    const account = await own.policyAddress(t.orgId, policyId);
+    const nowMs = t.service.ctx.clock.nowMs();
+    await t.service.ctx.db.query(
+      `INSERT INTO policies (org_id, id, name, max_per_tx, chain_address, created_at, updated_at) VALUES ($1, $2, 'Squatted', $3, $4, $5, $5)`,
+      [t.orgId, policyId, 5n * USDC, account, new Date(nowMs)]);
+    const [squatter, arbiter] = await Promise.all([generateKeyPairSigner(), generateKeyPairSigner()]);
+    await own.rpc.requestAirdrop(squatter.address, lamports(10_000_000_000n)).send();
+    const theirs = new ChainClient({ rpc: own.rpc, programId: own.programId, usdcMint: own.usdcMint, operator: squatter, arbiter });
+    try {
+      const { err } = await theirs.execute([await theirs.setPolicyIx(t.orgId, policyId, { maxPerTx: 5n * USDC, maxPerDay: NO_LIMIT, expiry: 0n })]);
+      assert.equal(err, null);
+    } finally {
+      theirs.close();
+    }
+    const squatted = await own.getPolicy(account);
+    assert.equal(squatted?.maxPerTx, 5n * USDC, 'the account holds the row\'s limits');
+
+    await assert.rejects(syncPolicyToChain(t.service.ctx, t.orgId, policyId), /created by another key/);
+    const [row] = await t.service.ctx.db.query<{ chain_status: string }>(
+      'SELECT chain_status FROM policies WHERE org_id = $1 AND id = $2', [t.orgId, policyId]);
+    assert.equal(row!.chain_status, 'pending');
+  } finally {
+    await t.close();
+  }
 });

@@ -384,7 +384,8 @@ export async function deletePolicy(ctx: Ctx, actor: Actor, policyId: string): Pr
 // ---------------------------------------------------------------------------------------------
 // The chain catches up with the database
 
-function sameLimits(a: PolicyLimits, b: PolicyLimits): boolean {
+/** The limits the program enforces are the same in both. */
+export function sameLimits(a: PolicyLimits, b: PolicyLimits): boolean {
   return a.maxPerTx === b.maxPerTx && a.maxPerDay === b.maxPerDay && a.expiry === b.expiry;
 }
 
@@ -405,6 +406,11 @@ export async function syncPolicyToChain(ctx: Ctx, orgId: string, policyId: strin
     const want = chainLimitsOf(rulesOf(row));
     const account = address(row.chain_address);
     let onChain = await ctx.chain.getPolicy(account);
+    // Any key may create a policy account at its address first (it derives from the ids alone):
+    // limits that key can change at will are no limits, so it is never marked ready.
+    if (onChain && onChain.authority !== ctx.chain.operator.address) {
+      throw new Error(`policy ${policyId}'s account ${account} on chain was created by another key (${onChain.authority}), not the operator`);
+    }
     if (!onChain || !sameLimits(onChain, want)) {
       const outcome = await ctx.chain.execute([await ctx.chain.setPolicyIx(orgId, policyId, want)], CHAIN_TIMEOUT_MS);
       if (outcome.err) throw new Error(`setting policy ${policyId} on chain failed: ${outcome.err.name}`);
