@@ -9,13 +9,14 @@ test('defaults: embedded PGlite under ./data and the local validator with 400 ms
   assert.equal(config.databaseUrl, null);
   assert.equal(config.rpcUrl, null);
   assert.equal(config.slotMs, 400);
-  assert.equal(config.testHelpers, true, 'test helpers default on with the local validator');
+  assert.equal(config.testHelpers, null, 'test helpers unset: on with a local validator (src/http/foundation.test.ts)');
   assert.match(config.dataDir, /\/data$/);
 });
 
-test('test helpers default off against a real cluster', () => {
-  const config = loadConfig({ AGENT_VAULT_RPC_URL: 'https://api.devnet.solana.com' });
-  assert.equal(config.testHelpers, false);
+test('test helpers: on and off as set, unset decided by the chain found', () => {
+  assert.equal(loadConfig({ AGENT_VAULT_RPC_URL: 'https://api.devnet.solana.com' }).testHelpers, null);
+  assert.equal(loadConfig({ AGENT_VAULT_TEST_HELPERS: 'off' }).testHelpers, false);
+  assert.equal(loadConfig({ AGENT_VAULT_RPC_URL: 'http://127.0.0.1:8899', AGENT_VAULT_TEST_HELPERS: 'on' }).testHelpers, true);
 });
 
 test('a bad value stops start-up with a message naming the variable', () => {

@@ -16,7 +16,8 @@ export interface Config {
   slotMs: number;
   /** the embedded validator in its own worker thread (off: on the service's event loop) */
   validatorThread: boolean;
-  testHelpers: boolean;
+  /** `/v1/test_helpers/*`; null (unset): on with a local validator, embedded or found at the RPC URL (DESIGN §1) */
+  testHelpers: boolean | null;
   allowPrivateWebhooks: boolean;
   docsUrl: string;
   /** requests per minute per API key */
@@ -59,7 +60,7 @@ function integer(env: Env, name: string, fallback: number, min: number, max: num
   return parsed;
 }
 
-function flag(env: Env, name: string, fallback: boolean): boolean {
+function flag<Fallback extends boolean | null>(env: Env, name: string, fallback: Fallback): boolean | Fallback {
   const value = text(env, name)?.toLowerCase() ?? null;
   if (value === null) return fallback;
   if (['1', 'true', 'on', 'yes'].includes(value)) return true;
@@ -118,7 +119,7 @@ export function loadConfig(env: Env = process.env): Config {
     rpcUrl,
     slotMs: integer(env, 'AGENT_VAULT_SLOT_MS', 400, 0, 60_000),
     validatorThread: flag(env, 'AGENT_VAULT_VALIDATOR_THREAD', true),
-    testHelpers: flag(env, 'AGENT_VAULT_TEST_HELPERS', rpcUrl === null),
+    testHelpers: flag(env, 'AGENT_VAULT_TEST_HELPERS', null),
     allowPrivateWebhooks: flag(env, 'AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS', false),
     // By default the reference this process serves itself (a wildcard host is reached on loopback).
     docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:'])

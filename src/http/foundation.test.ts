@@ -2,13 +2,17 @@
  * The HTTP foundation through the real stack: request ids, the error shape, auth, docs.
  */
 import assert from 'node:assert/strict';
-import { mkdirSync, rmSync, statSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { generateKeyPairSigner, lamports } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { OffsetClock } from '../clock/clock.ts';
+import { startRpcServer } from '../validator/http.ts';
 import { SNAPSHOT_FILES } from '../validator/state-file.ts';
+import { DEFAULT_PROGRAM_SO_PATH, LocalValidator } from '../validator/validator.ts';
 
 describe('HTTP foundation', () => {
   let t: TestService;
@@ -259,8 +263,29 @@ describe('test helpers', () => {
   });
 });
 
-describe('test helpers against a real cluster', () => {
-  test('are off: 404 like any unknown route', async () => {
+describe('test helpers where the chain is not the embedded validator', () => {
+  test('are on by default against `agent-vault validator` at AGENT_VAULT_RPC_URL', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'av-standalone-'));
+    const validator = await LocalValidator.open({ dataDir: dir, slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
+    const rpc = await startRpcServer(validator, { port: 0 });
+    try {
+      const t = await startTestService({ env: { AGENT_VAULT_RPC_URL: rpc.url } });
+      try {
+        const deposit = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '2.5' } });
+        assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
+        const org = await t.request('GET', '/v1/organization');
+        assert.equal(org.body.reserve.usdc_balance, '2.50');
+      } finally {
+        await t.close();
+      }
+    } finally {
+      await rpc.close();
+      await validator.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('are off when set off: 404 like any unknown route', async () => {
     const t = await startTestService({ env: { AGENT_VAULT_TEST_HELPERS: 'off' } });
     try {
       const response = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '1' } });

@@ -21,7 +21,9 @@ const ClockView = Type.Object({
 
 export function testHelperRoutes(app: App, ctx: AppContext): void {
   // Off: not registered at all, so they answer 404 like any unknown route, before auth or validation.
-  if (!ctx.config.testHelpers || ctx.cheatcodes === null) return;
+  // Unset, they are on whenever the chain is a local validator (its cheat codes answer): the
+  // embedded one, or `agent-vault validator` at AGENT_VAULT_RPC_URL.
+  if (ctx.cheatcodes === null || ctx.config.testHelpers === false) return;
   const clockView = () => ({
     now: new Date(ctx.clock.nowMs()).toISOString(),
     offset_seconds: ctx.clock.offsetMs / 1000,
