@@ -51,7 +51,8 @@ export function hashApiKey(key: string): string {
 
 /**
  * What lists show of a key: its role part and 4 more characters (`av_admin_x7Kq`), never more
- * than 16 characters and always at least 16 hidden — a bootstrap key of any shape stays secret.
+ * than 16 characters, and its last 4; the prefix stops 16 characters before the end, so at least
+ * 12 stay hidden between the two — a bootstrap key of any shape stays secret.
  */
 export function describeKey(key: string): { prefix: string; last4: string } {
   const end = Math.min(key.lastIndexOf('_') + 5, 16, Math.max(0, key.length - 16));
