@@ -304,12 +304,18 @@ export async function resolveGuarded(url: string, options: { timeoutMs: number; 
 export type GuardedCall = Omit<OutboundRequest, 'allowPrivate'>;
 
 /**
- * One HTTP request to a target resolved beforehand. Never follows redirects (a 3xx is returned
- * like any status), never takes longer than `timeoutMs` (from now) nor reads more than
- * `maxBytes` of body, and only ever rejects with an OutboundError.
+ * One HTTP request to a target, resolved already or still being resolved (`resolveGuarded`'s
+ * promise). Never follows redirects (a 3xx is returned like any status), never takes longer than
+ * `timeoutMs` from now, the wait for the target included, nor reads more than `maxBytes` of
+ * body, and only ever rejects with an OutboundError. The wait is bounded by the resolution's own
+ * deadline: one begun no later than this call, with the same `timeoutMs`, settles within it.
  */
-export function requestGuarded(target: GuardedTarget, options: GuardedCall): Promise<OutboundResponse> {
-  return send(target, options, options.timeoutMs, performance.now());
+export async function requestGuarded(target: GuardedTarget | Promise<GuardedTarget>, options: GuardedCall): Promise<OutboundResponse> {
+  const startedMs = performance.now();
+  const resolved = await target;
+  const remainingMs = startedMs + options.timeoutMs - performance.now();
+  if (remainingMs <= 0) throw timeoutError(options.timeoutMs);
+  return send(resolved, options, remainingMs, startedMs);
 }
 
 /**
@@ -318,11 +324,7 @@ export function requestGuarded(target: GuardedTarget, options: GuardedCall): Pro
  */
 export async function fetchGuarded(url: string, options: OutboundRequest): Promise<OutboundResponse> {
   if (!(options.timeoutMs > 0) || !(options.maxBytes >= 0)) throw new Error('fetchGuarded needs a positive timeoutMs and a maxBytes');
-  const startedMs = performance.now();
-  const target = await resolveGuarded(url, options);
-  const remainingMs = startedMs + options.timeoutMs - performance.now();
-  if (remainingMs <= 0) throw new OutboundError('timeout', `no answer within ${options.timeoutMs} ms`);
-  return send(target, options, remainingMs, startedMs);
+  return requestGuarded(resolveGuarded(url, options), options);
 }
 
 // ---------------------------------------------------------------------------------------------

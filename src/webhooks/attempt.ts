@@ -72,8 +72,10 @@ function excerptOf(body: Buffer): string | null {
 
 /**
  * Makes one attempt, to the target `target` resolves its URL to (`resolveGuarded`: the URL
- * checked, its name resolved and every address vetted); never throws: every way it can go wrong, a target that
- * could not be resolved included, is a failed attempt with a reason.
+ * checked, its name resolved and every address vetted), within DELIVERY_TIMEOUT_MS of its start,
+ * the wait for that resolution included (DESIGN §8: the 5 s are the attempt's, DNS and all);
+ * never throws: every way it can go wrong, a target that could not be resolved included, is a
+ * failed attempt with a reason.
  */
 export async function sendAttempt(request: AttemptRequest, target: (url: string) => Promise<GuardedTarget>): Promise<AttemptResult> {
   if (request.body === null) {
@@ -81,7 +83,7 @@ export async function sendAttempt(request: AttemptRequest, target: (url: string)
   }
   const startedMs = performance.now();
   try {
-    const response = await requestGuarded(await target(request.url), {
+    const response = await requestGuarded(target(request.url), {
       method: 'POST',
       headers: deliveryHeaders(request.body, request.signing, { eventId: request.eventId, deliveryId: request.deliveryId, attempt: request.attempt }),
       body: request.body,
@@ -116,7 +118,9 @@ export interface SendOptions {
 /**
  * Makes every attempt, at most `concurrency` at a time; the outcomes in the requests' order. A
  * URL is checked, resolved and vetted once per batch (a batch's attempts are made within
- * seconds of one another; a stream batch's all go to one webhook), not once per attempt. With
+ * seconds of one another; a stream batch's all go to one webhook), not once per attempt: by the
+ * first attempt to it, with that attempt's deadline, so the resolution ends within the deadline
+ * of every attempt waiting for it (each counts the wait against its own 5 s). With
  * `startWithinMs`, attempts not started by then are not made: the outcomes answered are those
  * of the requests' first ones (attempts start in order).
  */

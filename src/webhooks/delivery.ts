@@ -298,7 +298,7 @@ const STREAM_BATCH = 512;
 const STREAM_SENDS_MAX = 64;
 /**
  * How long a worker holds a webhook's stream: a batch is at most 512 / 64 = 8 rounds of sends,
- * each within the 5 s deadline, after a name resolution of at most 5 s, so 45 s. After this the
+ * each within the 5 s deadline, its name's resolution included, so 40 s. After this the
  * batch counts as lost (its first attempts are `lost`, and their second attempts are due), as a
  * claimed attempt does after its lease. It equals the delay before a second attempt, so a lost
  * first attempt keeps SPEC's schedule.
@@ -532,8 +532,9 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
     made += sent.length;
     const rest = toSend.slice(sent.length);
     if (rest.length === 0) break;
-    // Another round must end, its host name resolved and its attempts answered (5 s each at
-    // most), and be recorded before the lease does: otherwise the rest are left to the retries.
+    // Another round must end, its attempts answered (5 s each at most, the host name's
+    // resolution included; counted twice, a margin), and be recorded before the lease does:
+    // otherwise the rest are left to the retries.
     if (ctx.clock.nowMs() + 2 * DELIVERY_TIMEOUT_MS + STREAM_RECORD_MARGIN_MS > stream.lease.expiresAt.getTime()) {
       for (const attempt of rest) done.push({ attempt, outcome: { kind: 'deferred' } });
       break;
