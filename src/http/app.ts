@@ -13,7 +13,7 @@ import { SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, SOLANA_ERROR__RPC_
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
-import { authenticate } from './auth.ts';
+import { authenticate, principalOf } from './auth.ts';
 import { ERROR_CODE_KEYWORD } from './fields.ts';
 import type { AppContext } from './context.ts';
 import { registerDocs } from './docs.ts';
@@ -81,7 +81,22 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       delete headers['content-type'];
     }
   });
-  app.addHook('onRequest', authenticate(ctx));
+  // Every authenticated request is counted against its key, whatever its answer (DESIGN §3's 429
+  // with Retry-After): authenticate calls the limiter between the key's read and the role check,
+  // before any body is parsed. Unauthenticated requests are not counted (docs/decisions.md).
+  await app.register(rateLimit, {
+    global: false,
+    max: ctx.config.rateLimitPerMinute,
+    timeWindow: 60_000,
+    keyGenerator: (request) => principalOf(request).keyId,
+    errorResponseBuilder: (_request, context) => {
+      const error = new ServiceError('rate_limited',
+        `Rate limit of ${context.max} requests per minute exceeded; retry in ${Math.ceil(context.ttl / 1000)} s.`);
+      (error as ServiceError & { statusCode: number }).statusCode = 429;
+      return error;
+    },
+  });
+  app.addHook('onRequest', authenticate(ctx, app.rateLimit()));
   app.addHook('preValidation', async (request) => {
     // A POST without a body is an empty object: `POST /v1/payments/:id/approve` needs no fields.
     if (request.body === undefined && request.routeOptions.schema?.body) request.body = {};
@@ -96,21 +111,6 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       const param = found.path || 'body';
       throw invalidRequest(param, `"${param}" contains ${found.what}, which is not allowed.`);
     }
-  });
-
-  await app.register(rateLimit, {
-    global: true,
-    hook: 'preHandler',
-    max: ctx.config.rateLimitPerMinute,
-    timeWindow: 60_000,
-    keyGenerator: (request) => request.principal?.keyId ?? request.ip,
-    allowList: (request) => !request.routeOptions.config.permission,
-    errorResponseBuilder: (_request, context) => {
-      const error = new ServiceError('rate_limited',
-        `Rate limit of ${context.max} requests per minute exceeded; retry in ${Math.ceil(context.ttl / 1000)} s.`);
-      (error as ServiceError & { statusCode: number }).statusCode = 429;
-      return error;
-    },
   });
 
   app.setErrorHandler((error: FastifyError | ServiceError, request, reply) => sendError(ctx, error, request, reply));

@@ -78,8 +78,17 @@ async function readKey(ctx: AppContext, presentedHash: string, cached: boolean):
   return key;
 }
 
-export function authenticate(ctx: AppContext) {
-  return async function onRequest(request: FastifyRequest, _reply: FastifyReply): Promise<void> {
+/** Counts a request against its key's rate limit; rejects (429 `rate_limited`) over it. */
+export type CountRequest = (request: FastifyRequest, reply: FastifyReply) => Promise<unknown>;
+
+/**
+ * Identifies the key (401 without a live one), counts the request against that key's rate limit
+ * (`count`), then checks the key's role (403). Counted before the role check and before the body
+ * is parsed and validated, so a key looping requests it may not make, or malformed ones, is
+ * throttled like any other: over its limit every request it sends is 429.
+ */
+export function authenticate(ctx: AppContext, count: CountRequest) {
+  return async function onRequest(request: FastifyRequest, reply: FastifyReply): Promise<void> {
     const { permission, cachedKey } = request.routeOptions.config;
     if (!permission) return;
     const header = request.headers.authorization;
@@ -91,6 +100,7 @@ export function authenticate(ctx: AppContext) {
     const key = await readKey(ctx, presentedHash, cachedKey === true);
     if (!key || !digestsEqual(key.key_hash, presentedHash)) throw invalidKeyError();
     request.principal = { keyId: key.id, orgId: key.org_id, role: key.role };
+    await count(request, reply);
     if (!roleAllows(key.role, permission)) {
       throw new ServiceError('insufficient_permissions', `A key with role "${key.role}" cannot do this.`);
     }
