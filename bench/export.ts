@@ -4,7 +4,7 @@
  * export while payments flow, the download), its time and the service's memory, and payment
  * throughput with and without the export; asserts nothing. docs/exports.md has figures.
  *
- *   npm run bench:export -- [--rows 1000000] [--format csv|json] [--seconds 10] [--connections 8]
+ *   npm run bench:export -- [--rows 1000000] [--format csv|json|jsonl] [--seconds 10] [--connections 8]
  *                           [--slot-ms 400] [--log-level warn] [--node-flags "<flags for the service's node>"]
  *                           [--database-url postgres://postgres@127.0.0.1:5432/postgres]
  *
@@ -51,7 +51,7 @@ const seconds = positiveInteger('seconds', values.seconds);
 const connections = positiveInteger('connections', values.connections);
 const slotMs = positiveInteger('slot-ms', values['slot-ms']);
 const format = values.format!;
-if (format !== 'csv' && format !== 'json') throw new Error('--format must be csv or json');
+if (format !== 'csv' && format !== 'json' && format !== 'jsonl') throw new Error('--format must be csv, json or jsonl');
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..');
 const DATABASE = 'agent_vault_bench_export';

@@ -23,7 +23,7 @@ Commands:
                                                create an API key (admin, operator, agent, viewer, arbiter); prints it once
   keys list [--org <org_id>] [--cursor <c>]    list API keys: id, name, role, prefix…last4, created, last used, revoked
   keys revoke <api_key_id> [--org <org_id>]    revoke an API key at once
-  export --format csv|json [--wallet <id>] [--status <s>] [--type <t>] [--recipient <r>] [--from <time>] [--to <time>]
+  export --format csv|json|jsonl [--wallet <id>] [--status <s>] [--type <t>] [--recipient <r>] [--from <time>] [--to <time>]
          [--out <file>] [--force] [--url <service url>] [--key <API key>]
                                                export transactions through a running service's API and write the file
                                                (key: --key or AGENT_VAULT_API_KEY; url: default http://HOST:PORT)
@@ -172,7 +172,7 @@ const commands: Record<string, Command> = {
       },
       strict: true,
     });
-    if (values.format === undefined) throw new UsageError('expected: agent-vault export --format csv|json [filters] [--out <file>]');
+    if (values.format === undefined) throw new UsageError('expected: agent-vault export --format csv|json|jsonl [filters] [--out <file>]');
     // The API key of a client, not the service's configuration: read here, where the client runs.
     const apiKey = values.key ?? process.env.AGENT_VAULT_API_KEY;
     if (!apiKey) throw new UsageError('give an API key with --key or AGENT_VAULT_API_KEY');

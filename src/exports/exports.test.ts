@@ -13,6 +13,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
+import { listMigrations, migrate } from '../db/migrate.ts';
 import { newId } from '../ids/ids.ts';
 import { runExportCommand } from './command.ts';
 import {
@@ -72,8 +73,8 @@ function expectedCells(view: View): string[] {
 }
 
 /**
- * A download as raw text. The harness's request() parses any body whose content type mentions
- * json, and JSON Lines (application/x-ndjson) is not one JSON document.
+ * A download as raw text, as a client receives it: the harness's request() parses any body whose
+ * content type mentions json, which would hide whether the file itself parses.
  */
 async function download(t: TestService, url: string, key: string | null = t.adminKey) {
   const response = await t.service.app.inject({ method: 'GET', url, headers: key === null ? {} : { authorization: `Bearer ${key}` } });
@@ -152,8 +153,7 @@ describe('transaction exports', () => {
 
   async function exportedJson(body: Record<string, unknown>): Promise<View[]> {
     const { file } = await exportOf({ ...body, format: 'json' });
-    const text = String(file.body);
-    return text === '' ? [] : text.split('\n').slice(0, -1).map((line) => JSON.parse(line));
+    return JSON.parse(String(file.body));
   }
 
   test('a CSV export holds every transaction of the organisation exactly once, with the transaction view\'s fields', async () => {
@@ -176,13 +176,35 @@ describe('transaction exports', () => {
     assert.deepEqual(records.map((record) => record[0]), expected.map((view) => view.tx_id));
   });
 
-  test('a JSON export is JSON Lines: each line the transaction exactly as the API shows it', async () => {
+  // SPEC: `format` is `csv` or JSON. A developer who asks for JSON calls JSON.parse on the file:
+  // it must be one document, whatever the number of rows, holding what the CSV holds.
+  test('a JSON export is one JSON array: JSON.parse gives the transactions of the CSV export of the same filter', async () => {
+    for (const [filter, query] of [[{}, ''], [{ walletId: walletA }, `&walletId=${walletA}`]] as const) {
+      const expected = await listAll(query);
+      assert.ok(expected.length >= 2, `${query}: more than one row, where JSON Lines stops parsing`);
+      const json = await exportOf({ ...filter, format: 'json' });
+      const csv = await exportOf({ ...filter, format: 'csv' });
+      const rows: View[] = JSON.parse(String(json.file.body));
+      assert.ok(Array.isArray(rows), 'one array');
+      assert.deepEqual(rows, expected, `${query}: each element the transaction exactly as the API shows it`);
+      assert.deepEqual(rows.map(expectedCells), parseCsv(String(csv.file.body)).slice(1), `${query}: the rows of the CSV`);
+      assert.equal(json.ready.row_count, rows.length);
+      // The brackets and commas are counted in the size shown and sent.
+      assert.equal(json.ready.size_bytes, Buffer.byteLength(String(json.file.body), 'utf8'));
+      assert.equal(json.file.headers['content-length'], String(json.ready.size_bytes));
+    }
+  });
+
+  // JSON Lines stays available for readers that take a row at a time (jq -c, pandas lines=True).
+  test('a JSON Lines export (jsonl) is one transaction per line, exactly as the API shows it', async () => {
     const expected = await listAll();
-    const { file, ready } = await exportOf({ format: 'json' });
+    const { file, ready } = await exportOf({ format: 'jsonl' });
+    assert.equal(ready.format, 'jsonl');
     assert.equal(ready.row_count, expected.length);
     const text = String(file.body);
-    assert.ok(text.endsWith('\n'), 'every line ends with a newline');
+    assert.ok(text.endsWith('}\n'), 'every line ends with a newline');
     assert.deepEqual(text.split('\n').slice(0, -1).map((line) => JSON.parse(line)), expected);
+    assert.equal(ready.size_bytes, Buffer.byteLength(text, 'utf8'));
   });
 
   test('the CSV neutralises cells a spreadsheet would run as formulas; JSON keeps the memo as written', async () => {
@@ -223,15 +245,21 @@ describe('transaction exports', () => {
     }
   });
 
-  test('an export that selects nothing is ready: CSV with the header alone, JSON empty', async () => {
+  test('an export that selects nothing is ready: CSV with the header alone, JSON [], JSON Lines empty', async () => {
     const csv = await exportOf({ format: 'csv', from: '2001-01-01', to: '2001-01-02' });
     assert.equal(csv.ready.row_count, 0);
     assert.deepEqual(parseCsv(String(csv.file.body)), [COLUMNS]);
     const json = await exportOf({ format: 'json', type: 'escrow_refund' });
     assert.equal(json.ready.row_count, 0);
-    assert.equal(json.ready.size_bytes, 0);
-    assert.equal(json.file.body, '');
-    assert.equal(json.file.headers['content-length'], '0');
+    assert.equal(json.file.body, '[]');
+    assert.deepEqual(JSON.parse(String(json.file.body)), []);
+    assert.equal(json.ready.size_bytes, 2);
+    assert.equal(json.file.headers['content-length'], '2');
+    const jsonl = await exportOf({ format: 'jsonl', type: 'escrow_refund' });
+    assert.equal(jsonl.ready.row_count, 0);
+    assert.equal(jsonl.ready.size_bytes, 0);
+    assert.equal(jsonl.file.body, '');
+    assert.equal(jsonl.file.headers['content-length'], '0');
   });
 
   test('transactions recorded after the request are not in the export', async () => {
@@ -271,8 +299,17 @@ describe('transaction exports', () => {
     }
     assert.equal(reads, 0, 'HEAD read none of the file');
     const json = await exportOf({ format: 'json', type: 'funding' });
-    assert.equal(json.file.headers['content-type'], 'application/x-ndjson; charset=utf-8');
-    assert.equal(json.file.headers['content-disposition'], `attachment; filename="transactions-${json.created.export_id}.jsonl"`);
+    assert.equal(json.file.headers['content-type'], 'application/json');
+    assert.equal(json.file.headers['content-disposition'], `attachment; filename="transactions-${json.created.export_id}.json"`);
+    assert.equal(json.ready.file_name, `transactions-${json.created.export_id}.json`);
+    const jsonHead = await t.service.app.inject({ method: 'HEAD', url: json.ready.download_url, headers: { authorization: `Bearer ${t.adminKey}` } });
+    assert.equal(jsonHead.statusCode, 200);
+    assert.equal(jsonHead.headers['content-type'], 'application/json');
+    assert.equal(jsonHead.headers['content-length'], String(json.ready.size_bytes));
+    const jsonl = await exportOf({ format: 'jsonl', type: 'funding' });
+    assert.equal(jsonl.file.headers['content-type'], 'application/x-ndjson; charset=utf-8');
+    assert.equal(jsonl.file.headers['content-disposition'], `attachment; filename="transactions-${jsonl.created.export_id}.jsonl"`);
+    assert.equal(jsonl.ready.file_name, `transactions-${jsonl.created.export_id}.jsonl`);
   });
 
   test('a ready export writes export.ready to the activity feed', async () => {
@@ -288,6 +325,8 @@ describe('transaction exports', () => {
     const cases: Array<[Record<string, unknown>, string]> = [
       [{}, 'format'],
       [{ format: 'xml' }, 'format'],
+      [{ format: 'ndjson' }, 'format'],
+      [{ format: 'JSON' }, 'format'],
       [{ format: 'csv', from: 'yesterday' }, 'from'],
       [{ format: 'csv', to: '2026-04-01T10:00:00' }, 'to'],
       [{ format: 'csv', from: '2026-04-02', to: '2026-04-01' }, 'to'],
@@ -309,6 +348,17 @@ describe('transaction exports', () => {
     assert.equal(unknownWallet.status, 404);
     assert.equal(unknownWallet.body.error.code, 'wallet_not_found');
     assert.equal(await countExports(), before);
+  });
+
+  test('the API\'s schema lists the three formats, and a request for another answers 400 on format', async () => {
+    const openapi = await t.request('GET', '/openapi.json', { key: null });
+    assert.equal(openapi.status, 200);
+    const format = openapi.body.paths['/v1/transactions/export'].post.requestBody.content['application/json'].schema.properties.format;
+    assert.deepEqual(format.anyOf.flatMap((option: View) => option.enum), ['csv', 'json', 'jsonl']);
+    const refused = await t.request('POST', '/v1/transactions/export', { body: { format: 'ndjson' } });
+    assert.equal(refused.status, 400);
+    assert.equal(refused.body.error.code, 'invalid_request');
+    assert.equal(refused.body.error.param, 'format');
   });
 
   test('another organisation\'s export answers 404, like a missing one, for the export and its file', async () => {
@@ -418,6 +468,12 @@ describe('transaction exports', () => {
       assert.match(line, new RegExp(`wrote .*spend\\.csv: ${expected.length} transactions`));
       assert.match(progress, /\r\x1b\[2K.*building/);
       assert.match(progress, /\[#{30}\] 100%/);
+      // JSON: the file written parses as one document.
+      const outJson = join(dir, 'spend.json');
+      await runExportCommand(
+        { baseUrl: `http://127.0.0.1:${address.port}`, apiKey: viewerKey, format: 'json', filters: { walletId: walletA }, out: outJson, force: false },
+        { stderr: { write: () => true }, wait: () => t.service.jobs.runOnce() });
+      assert.deepEqual(JSON.parse(readFileSync(outJson, 'utf8')), expected);
       // An existing file is kept unless --force; a refusal of the service is reported, not thrown raw.
       writeFileSync(out, 'keep me');
       await assert.rejects(runExportCommand(
@@ -557,9 +613,41 @@ describe('transaction exports over time and through failures', () => {
     assert.equal(ready.body.status, 'ready');
     assert.equal(await largeObjectExists(claimed!.content_oid!), false, 'the partial file is gone');
     const file = await download(t, ready.body.download_url);
+    const rows = JSON.parse(String(file.body));
+    assert.equal(rows.length, ready.body.row_count);
+    assert.ok(rows.length > 0, 'the rebuilt file holds the transactions');
+    assert.equal(ready.body.size_bytes, Buffer.byteLength(String(file.body), 'utf8'), 'the size is the rebuilt file\'s alone');
+  });
+
+  // Before `json` meant one array, it wrote JSON Lines (the format now called `jsonl`). A file
+  // built then must still be served as what it holds, not as a JSON document it is not.
+  test('an export built as json before json meant an array still downloads as the JSON Lines its file holds', async () => {
+    const { db } = t.service.ctx;
+    const created = await t.request('POST', '/v1/transactions/export', { body: { format: 'jsonl' } });
+    const id = created.body.export_id as string;
+    await t.service.jobs.runOnce();
+    // The database as the previous release left it: the export recorded as `json`, its file
+    // JSON Lines (the same writer), and the migration not yet applied.
+    const migration = listMigrations().find((m) => m.name === 'export_format_jsonl')!;
+    await db.transaction(async (tx) => {
+      await tx.query('ALTER TABLE exports DROP CONSTRAINT exports_format_check');
+      await tx.query(`UPDATE exports SET format = 'json' WHERE id = $1`, [id]);
+      await tx.query(`ALTER TABLE exports ADD CONSTRAINT exports_format_check CHECK (format IN ('csv', 'json'))`);
+      await tx.query('DELETE FROM schema_migrations WHERE version = $1', [migration.version]);
+    });
+    assert.deepEqual(await migrate(db), [migration.version]);
+
+    const ready = await t.request('GET', `/v1/transactions/exports/${id}`);
+    assert.equal(ready.body.status, 'ready');
+    assert.equal(ready.body.format, 'jsonl');
+    assert.equal(ready.body.file_name, `transactions-${id}.jsonl`);
+    const file = await download(t, ready.body.download_url);
+    assert.equal(file.status, 200);
+    assert.equal(file.headers['content-type'], 'application/x-ndjson; charset=utf-8');
+    assert.equal(file.headers['content-disposition'], `attachment; filename="transactions-${id}.jsonl"`);
     const lines = String(file.body).split('\n').slice(0, -1).map((line) => JSON.parse(line));
     assert.equal(lines.length, ready.body.row_count);
-    assert.ok(lines.length > 0, 'the rebuilt file holds the transactions');
+    assert.ok(lines.length > 0);
   });
 
   test(`an export whose build is interrupted ${BUILD_ATTEMPTS_MAX} times ends failed, with a reason`, async () => {

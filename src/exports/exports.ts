@@ -1,8 +1,8 @@
 /**
  * Transaction exports (SPEC "Export", docs/exports.md): a request for every transaction a filter
- * selects, as CSV or JSON Lines. A request records the export `processing` with an estimate;
- * the `exports.build` job streams the rows page by page (keyset on created_at, id, as the
- * transaction lists do) into a large object and marks it `ready` with `export.ready`, or
+ * selects, as CSV, one JSON array or JSON Lines. A request records the export `processing` with
+ * an estimate; the `exports.build` job streams the rows page by page (keyset on created_at, id,
+ * as the transaction lists do) into a large object and marks it `ready` with `export.ready`, or
  * `failed` after BUILD_ATTEMPTS_MAX interrupted builds; `exports.expire` deletes the file
  * EXPORT_TTL_MS after it was ready and the record EXPORT_RECORD_RETENTION_MS after creation.
  */
@@ -20,7 +20,7 @@ import {
   TransactionStatusSchema, TransactionTypeSchema, listTransactions, transactionConditions, transactionView, type TransactionFilter,
 } from '../transactions/views.ts';
 import { getWallet } from '../wallets/wallets.ts';
-import { CONTENT_TYPES, FILE_EXTENSIONS, formatWriter, type ExportFormat } from './formats.ts';
+import { CONTENT_TYPES, FILE_EXTENSIONS, FORMAT_NAMES, formatWriter, type ExportFormat } from './formats.ts';
 import { ContentWriter, deleteContent, readContent } from './storage.ts';
 
 const HOUR_MS = 3_600_000;
@@ -105,8 +105,9 @@ export interface ExportRow {
 const StringOrNull = Type.Union([Type.String(), Type.Null()]);
 const IntegerOrNull = Type.Union([Type.Integer(), Type.Null()]);
 
-export const ExportFormatSchema = Type.Union([Type.Literal('csv'), Type.Literal('json')], {
-  description: '`csv` (RFC 4180, header row) or `json` (JSON Lines: one transaction object per line)',
+export const ExportFormatSchema = Type.Union([Type.Literal('csv'), Type.Literal('json'), Type.Literal('jsonl')], {
+  description: '`csv` (RFC 4180, header row), `json` (one JSON array of transaction objects) or `jsonl` '
+    + '(JSON Lines: one transaction object per line)',
 });
 
 export const ExportView = Type.Object({
@@ -339,8 +340,8 @@ async function renewLease(ctx: AppContext, row: ExportRow): Promise<void> {
 
 /**
  * Writes every selected transaction into the claimed export's large object, newest first, one
- * keyset page at a time (memory: one page and one chunk), then marks it ready and writes
- * `export.ready` in the same transaction.
+ * keyset page at a time (memory: one page and one chunk), then the format's tail (a JSON array's
+ * `]`), then marks it ready and writes `export.ready` in the same transaction.
  */
 export async function buildExport(ctx: AppContext, row: ExportRow): Promise<ExportRow | null> {
   if (row.content_oid === null) throw new Error(`export ${row.id} was not claimed`);
@@ -355,8 +356,10 @@ export async function buildExport(ctx: AppContext, row: ExportRow): Promise<Expo
     // through the rendering of this one, long enough to be promoted (see EXPORT_PAGE_ROWS).
     const page = await listTransactions(ctx.db, row.org_id, filter, { limit: EXPORT_PAGE_ROWS, after });
     const shown = page.length > EXPORT_PAGE_ROWS ? page.slice(0, EXPORT_PAGE_ROWS) : page;
-    for (const transaction of shown) await writer.write(format.row(transactionView(transaction, ctx)));
-    rowCount += shown.length;
+    for (const transaction of shown) {
+      await writer.write(format.row(transactionView(transaction, ctx), rowCount));
+      rowCount += 1;
+    }
     if (page.length <= EXPORT_PAGE_ROWS) break;
     const last = shown[shown.length - 1]!;
     after = { createdAt: last.created_at, id: last.id };
@@ -364,6 +367,7 @@ export async function buildExport(ctx: AppContext, row: ExportRow): Promise<Expo
     await new Promise((resolve) => setImmediate(resolve));
     await renewLease(ctx, row);
   }
+  await writer.write(format.tail(rowCount));
   const sizeBytes = await writer.close();
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
@@ -378,7 +382,7 @@ export async function buildExport(ctx: AppContext, row: ExportRow): Promise<Expo
       orgId: row.org_id,
       type: 'export.ready',
       walletId: row.filter.wallet_id,
-      summary: `Export ${row.id} is ready: ${rowCount} transactions (${row.format === 'csv' ? 'CSV' : 'JSON Lines'}, ${sizeBytes} bytes)`,
+      summary: `Export ${row.id} is ready: ${rowCount} transactions (${FORMAT_NAMES[row.format]}, ${sizeBytes} bytes)`,
       payload: {
         export_id: view.export_id, format: view.format, row_count: view.row_count, size_bytes: view.size_bytes,
         download_url: view.download_url, file_name: view.file_name, expires_at: view.expires_at,

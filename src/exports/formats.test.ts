@@ -1,10 +1,10 @@
 /**
  * The export formats as pure functions: RFC 4180 quoting, formula neutralisation, the column
- * set (every field of the transaction view, nested objects flattened), JSON Lines.
+ * set (every field of the transaction view, nested objects flattened), the JSON array, JSON Lines.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { CSV_COLUMNS, csvCell, csvHeader, csvRecord, jsonLine } from './formats.ts';
+import { CSV_COLUMNS, csvCell, csvHeader, csvRecord, formatWriter, jsonLine, type ExportFormat } from './formats.ts';
 import { transactionView } from '../transactions/views.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
 
@@ -58,4 +58,43 @@ test('a record has one cell per column, amounts as decimal strings, times in ISO
     + '2026-04-01T10:00:00.123Z,2026-04-01T10:00:00.123Z,api,\r\n');
   assert.deepEqual(JSON.parse(jsonLine(view)), view);
   assert.ok(jsonLine(view).endsWith('}\n') && !jsonLine(view).slice(0, -1).includes('\n'), 'one line per transaction');
+});
+
+/** A payment's view as the API shows it; `memo` holds text that JSON must escape. */
+function paymentView(id: string, memo: string) {
+  const createdAt = new Date('2026-04-01T10:00:00.123Z');
+  const row = {
+    id, org_id: 'org_1', wallet_id: 'wal_1', type: 'payment', status: 'confirmed', amount: 1_250_000n, currency: 'USDC',
+    recipient: 'api.example.com', policy_id: 'pol_1', policy_triggered: false, violation: null, memo, category: null,
+    attested_at: null, attestation_hash: null, tx_signature: null, last_valid_block_height: null, on_chain_slot: null,
+    failure_reason: null, batch_id: null, escrow_id: null, created_at: createdAt, updated_at: createdAt, settled_at: createdAt,
+  } satisfies TransactionRow;
+  return transactionView(row, { validator: null, config: { rpcUrl: null } });
+}
+
+/** The whole file, written as a build writes it: head, each row with its position, tail. */
+function fileOf(format: ExportFormat, views: ReturnType<typeof paymentView>[]): string {
+  const writer = formatWriter(format);
+  return writer.head + views.map((view, index) => writer.row(view, index)).join('') + writer.tail(views.length);
+}
+
+// The guarantee behind `format: "json"`: what a developer downloads is one JSON document that
+// JSON.parse reads whole, whatever the number of rows (two rows of JSON Lines are not one).
+test('a JSON file is one array that JSON.parse reads: [] when empty, the views in order otherwise', () => {
+  assert.equal(fileOf('json', []), '[]');
+  assert.deepEqual(JSON.parse(fileOf('json', [])), []);
+  const views = [paymentView('tx_1', 'one'), paymentView('tx_2', 'two\nlines, "quoted" ]'), paymentView('tx_3', '[{')];
+  for (let n = 1; n <= views.length; n += 1) {
+    assert.deepEqual(JSON.parse(fileOf('json', views.slice(0, n))), views.slice(0, n), `${n} rows`);
+  }
+  // One element per line, so that line tools still see one transaction per line.
+  assert.equal(fileOf('json', views).split('\n').length, views.length + 2);
+});
+
+test('a JSON Lines file is one view per line, each ending with a newline; empty when there are none', () => {
+  assert.equal(fileOf('jsonl', []), '');
+  const views = [paymentView('tx_1', 'one'), paymentView('tx_2', 'two\nlines')];
+  const text = fileOf('jsonl', views);
+  assert.ok(text.endsWith('}\n'));
+  assert.deepEqual(text.split('\n').slice(0, -1).map((line) => JSON.parse(line)), views);
 });

@@ -1,19 +1,23 @@
 /**
- * The two file formats of a transaction export (docs/exports.md), as pure functions of the
- * transaction view: CSV (RFC 4180, one column per view field, nested objects flattened) and
- * JSON Lines (one view object per line). Both are written a row at a time, so an export of any
- * size is built in constant memory.
+ * The three file formats of a transaction export (docs/exports.md), as pure functions of the
+ * transaction view: CSV (RFC 4180, one column per view field, nested objects flattened), JSON
+ * (one array of view objects) and JSON Lines (one view object per line). All are written a row
+ * at a time, so an export of any size is built in constant memory.
  */
 import { TransactionView, type transactionView } from '../transactions/views.ts';
 
-export type ExportFormat = 'csv' | 'json';
+export type ExportFormat = 'csv' | 'json' | 'jsonl';
 export type TransactionViewValue = ReturnType<typeof transactionView>;
 
 export const CONTENT_TYPES: Record<ExportFormat, string> = {
   csv: 'text/csv; charset=utf-8; header=present',
-  json: 'application/x-ndjson; charset=utf-8',
+  // JSON is UTF-8 by definition (RFC 8259), and application/json defines no charset parameter.
+  json: 'application/json',
+  jsonl: 'application/x-ndjson; charset=utf-8',
 };
-export const FILE_EXTENSIONS: Record<ExportFormat, string> = { csv: 'csv', json: 'jsonl' };
+export const FILE_EXTENSIONS: Record<ExportFormat, string> = { csv: 'csv', json: 'json', jsonl: 'jsonl' };
+/** The format as the export.ready event's summary names it. */
+export const FORMAT_NAMES: Record<ExportFormat, string> = { csv: 'CSV', json: 'JSON', jsonl: 'JSON Lines' };
 
 type Cell = string | number | boolean | null | undefined;
 
@@ -88,7 +92,36 @@ export function jsonLine(view: TransactionViewValue): string {
   return `${JSON.stringify(view)}\n`;
 }
 
-/** What opens the file (the CSV header; JSON Lines has none) and what each row becomes. */
-export function formatWriter(format: ExportFormat): { head: string; row: (view: TransactionViewValue) => string } {
-  return format === 'csv' ? { head: csvHeader(), row: csvRecord } : { head: '', row: jsonLine };
+/**
+ * One element of the JSON array: the view as the API returns it, on a line of its own (so that
+ * line tools can still look into the file), preceded by the comma that separates it from the
+ * element before, which only the first has not.
+ */
+export function jsonArrayElement(view: TransactionViewValue, index: number): string {
+  return `${index === 0 ? '\n' : ',\n'}${JSON.stringify(view)}`;
+}
+
+/**
+ * How a file is written a row at a time: what opens it, what each row becomes given its position
+ * (0 for the first), and what closes it given how many rows there were. A file is `head`, the
+ * rows in order, then `tail`: every byte of it, brackets and commas too, goes through the same
+ * writer, so the size it reports is the file's.
+ */
+export interface FormatWriter {
+  head: string;
+  row(view: TransactionViewValue, index: number): string;
+  tail(rowCount: number): string;
+}
+
+const NOTHING = (): string => '';
+
+const WRITERS: Record<ExportFormat, FormatWriter> = {
+  csv: { head: csvHeader(), row: csvRecord, tail: NOTHING },
+  // `[` … `]`: an empty export is `[]`, one with rows `[\n{…},\n{…}\n]`.
+  json: { head: '[', row: jsonArrayElement, tail: (rowCount) => (rowCount === 0 ? ']' : '\n]') },
+  jsonl: { head: '', row: jsonLine, tail: NOTHING },
+};
+
+export function formatWriter(format: ExportFormat): FormatWriter {
+  return WRITERS[format];
 }

@@ -19,7 +19,7 @@ export function exportRoutes(app: App, ctx: AppContext): void {
   app.post('/v1/transactions/export', {
     config: { permission: 'read' },
     schema: {
-      tags: ['Transactions'], summary: 'Export the transactions a filter selects, as CSV or JSON Lines',
+      tags: ['Transactions'], summary: 'Export the transactions a filter selects, as CSV, JSON or JSON Lines',
       description: 'Answers at once with `status: processing`; poll `GET /v1/transactions/exports/{export_id}` until it is '
         + '`ready`, then download `download_url`. The filters are those of `GET /v1/transactions`; transactions recorded '
         + 'after the request are not included. An unknown `walletId` answers 404 `wallet_not_found`.',
@@ -51,7 +51,7 @@ export function exportRoutes(app: App, ctx: AppContext): void {
       tags: ['Transactions'], summary: 'The file of a ready export',
       description: 'An export that is not ready (processing, failed or expired) answers 404 `export_not_found`, '
         + 'with its state in the message.',
-      produces: [CONTENT_TYPES.csv, CONTENT_TYPES.json],
+      produces: [CONTENT_TYPES.csv, CONTENT_TYPES.json, CONTENT_TYPES.jsonl],
       params: ExportParams,
     },
   }, async (request, reply) => {
