@@ -53,7 +53,7 @@ export interface ErrorDetails {
 export class ServiceError extends Error {
   /** set when an idempotent replay repeats a stored refusal */
   replayed = false;
-  /** rate_limited: seconds until asking again can succeed (`Retry-After`; 60 when unset) */
+  /** seconds until asking again can succeed, sent as `Retry-After` (a `rate_limited` without it says 60) */
   retryAfterS: number | null = null;
 
   constructor(readonly code: ErrorCode, message: string, readonly details: ErrorDetails = {}) {

@@ -47,6 +47,11 @@ describe('escrow', () => {
       ...(key ? { key } : {}),
       body: { fromWallet: from.wallet_id, toWallet: to, amount: '4', currency: 'USDC', taskDescription: 'Summarise the filings', ...extra },
     });
+  /** Resolves once `n` fetches of /slow are held, waiting for their answer. */
+  const slowFetches = async (n: number) => {
+    for (let i = 0; i < 500 && slowResponses.length < n; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
+    assert.equal(slowResponses.length, n, `${n} outputs are being fetched`);
+  };
   const escrowOf = async (id: string) => (await t.request('GET', `/v1/payments/a2a/${id}`)).body;
   const chainBalance = (owner: string) => t.service.ctx.chain.getUsdcBalance(address(owner));
   const tick = () => t.service.jobs.runOnce();
@@ -214,6 +219,141 @@ describe('escrow', () => {
     } finally {
       await other.close();
     }
+  });
+
+  // Guarantee: rotating a vault's session token revokes it at once (DESIGN §7), also for an
+  // agent's completion already past its authorisation: fetching its output takes seconds, and
+  // the token it showed must still be the vault's when the release is recorded.
+  test('a session token rotated while an agent\'s completion fetches its output: refused, the escrow stays locked, nothing released', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id)).body;
+    assert.equal(created.status, 'locked', JSON.stringify(created));
+    const agent = await t.createKey('agent');
+    const token = (await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+    const completing = t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+      key: agent, headers: { 'session-token': token },
+      body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
+    });
+    await slowFetches(1); // authorised with the token; its output is being fetched
+    assert.equal((await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).status, 200);
+    slowResponses.shift()!();
+    const refused = await completing;
+    assert.equal(refused.status, 403, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'session_token_invalid');
+    const escrow = await escrowOf(created.escrow_id);
+    assert.equal(escrow.status, 'locked', JSON.stringify(escrow));
+    assert.equal(escrow.in_flight, null, 'no release in flight');
+    assert.equal(escrow.completed_at, null);
+    assert.equal(await balanceOf(t, to.wallet_id), '0.50', 'nothing reached the receiver');
+    assert.equal(await chainBalance(created.chain_address), 4_000_000n, 'the escrow account still holds it on chain');
+    const [{ n }] = await t.service.ctx.db.query<{ n: number }>(
+      `SELECT count(*)::int AS n FROM transactions WHERE escrow_id = $1 AND type IN ('escrow_release', 'a2a_receive')`,
+      [created.escrow_id]) as [{ n: number }];
+    assert.equal(n, 0, 'no release recorded');
+    await assertConserved();
+  });
+
+  // Guarantee: the same for a dispute. Its only step between the token's check and the record
+  // is signing its chain transaction, so the token is taken back there: rotated (403), or its
+  // session expired on the service clock (401), as a payment would answer.
+  test('a session token rotated or expired while an agent\'s dispute is being signed: refused, the escrow stays locked', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const agent = await t.createKey('agent');
+    const { chain } = t.service.ctx;
+    const prepare = chain.prepare;
+    const cases: Array<[string, (ttlSeconds: number) => Promise<void>, number, string]> = [
+      ['rotated', async () => {
+        assert.equal((await t.request('POST', `/v1/wallets/${from.wallet_id}/rotate-token`, { body: {} })).status, 200);
+      }, 403, 'session_token_invalid'],
+      ['expired', async (ttlSeconds) => {
+        assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: ttlSeconds } })).status, 200);
+      }, 401, 'session_token_expired'],
+    ];
+    for (const [name, takeBack, status, code] of cases) {
+      const created = (await open(from, to.wallet_id)).body;
+      const onChainBefore = (await chain.getEscrow(address(created.chain_address)))!.state;
+      const ttlSeconds = 120;
+      const token = (await t.request('POST', `/v1/wallets/${from.wallet_id}/rotate-token`, { body: { ttlSeconds } })).body.session_token;
+      chain.prepare = async (...args: Parameters<typeof prepare>) => {
+        chain.prepare = prepare;
+        await takeBack(ttlSeconds);
+        return prepare.apply(chain, args);
+      };
+      try {
+        const refused = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, {
+          key: agent, headers: { 'session-token': token }, body: { reason: 'not delivered' },
+        });
+        assert.equal(refused.status, status, `${name}: ${JSON.stringify(refused.body)}`);
+        assert.equal(refused.body.error.code, code, name);
+      } finally {
+        chain.prepare = prepare;
+      }
+      const escrow = await escrowOf(created.escrow_id);
+      assert.equal(escrow.status, 'locked', `${name}: ${JSON.stringify(escrow)}`);
+      assert.equal(escrow.in_flight, null, name);
+      assert.equal(escrow.dispute, null, name);
+      assert.equal((await chain.getEscrow(address(created.chain_address)))!.state, onChainBefore, `${name}: not disputed on chain`);
+    }
+    await assertConserved();
+  });
+
+  // Guarantee: an escrow whose creation is still in flight is not "already settled": a client
+  // told so would give up on an escrow about to be locked. It is told to retry, and the retry
+  // goes through once the creation settled.
+  test('complete or dispute while the escrow is still being created: 503 with Retry-After; once created, complete works', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    // The creation's transaction is held on its way to the chain: the escrow is recorded, its lock in flight.
+    let reached!: () => void;
+    const recorded = new Promise<void>((resolve) => { reached = resolve; });
+    let letGo!: () => void;
+    const gate = new Promise<void>((resolve) => { letGo = resolve; });
+    chain.submit = async (...args: Parameters<typeof submit>) => {
+      chain.submit = submit;
+      reached();
+      await gate;
+      return submit.apply(chain, args);
+    };
+    let created;
+    try {
+      const creating = open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, waitForConfirmation: false });
+      await recorded;
+      const [creatingView] = (await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`)).body.data;
+      assert.equal(creatingView.in_flight, 'create', JSON.stringify(creatingView));
+      const moves: Array<[string, Record<string, unknown>]> = [
+        ['complete', { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` }],
+        ['dispute', { reason: 'too early' }],
+      ];
+      for (const [move, body] of moves) {
+        const early = await t.request('POST', `/v1/payments/a2a/${creatingView.escrow_id}/${move}`, { body });
+        assert.equal(early.status, 503, `${move}: ${JSON.stringify(early.body)}`);
+        assert.equal(early.body.error.code, 'service_unavailable', move);
+        assert.match(early.body.error.message, /still being created on chain: retry shortly/, move);
+        assert.equal(early.headers['retry-after'], '1', `${move}: Retry-After`);
+      }
+      letGo();
+      created = await creating;
+    } finally {
+      chain.submit = submit;
+      letGo();
+    }
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    await chain.waitForOutcome(created.body.lock_tx_signature, 20_000);
+    // Listing the vault's transactions settles those whose outcome the chain has.
+    assert.equal((await t.request('GET', `/v1/transactions?walletId=${from.wallet_id}&type=a2a_send`)).body.data[0].status, 'confirmed');
+    await t.settled();
+    const locked = await escrowOf(created.body.escrow_id);
+    assert.deepEqual([locked.status, locked.in_flight, locked.dispute], ['locked', null, null], 'the early moves changed nothing');
+    const completed = await t.request('POST', `/v1/payments/a2a/${created.body.escrow_id}/complete`, {
+      body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
+    });
+    assert.equal(completed.status, 200, JSON.stringify(completed.body));
+    assert.equal(completed.body.status, 'released');
+    await assertConserved();
   });
 
   test('forged or unverifiable proofs are invalid_proof and change nothing', async () => {
@@ -552,6 +692,36 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  // Guarantee: every amount of a money move answers a malformed value as invalid_amount, naming
+  // the field (docs/decisions.md), the arbiter's split included; nothing is decided.
+  test('a split\'s amounts as a JSON number or a malformed string: 400 invalid_amount naming the field, the dispute left as it was', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const arbiter = await t.createKey('arbiter');
+    const created = (await open(from, to.wallet_id)).body;
+    assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'half done' } })).status, 200);
+    const malformed: Array<[Record<string, unknown>, string]> = [
+      [{ toReceiver: 2, toSender: '2' }, 'to_receiver'],
+      [{ toReceiver: '2', toSender: 2 }, 'to_sender'],
+      [{ toReceiver: '2.0000001', toSender: '2' }, 'to_receiver'],
+      [{ toReceiver: '2', toSender: '-2' }, 'to_sender'],
+    ];
+    for (const [amounts, param] of malformed) {
+      const refused = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, {
+        key: arbiter, body: { decision: 'split', ...amounts },
+      });
+      assert.equal(refused.status, 400, `${JSON.stringify(amounts)}: ${JSON.stringify(refused.body)}`);
+      assert.equal(refused.body.error.code, 'invalid_amount', JSON.stringify(amounts));
+      assert.equal(refused.body.error.param, param, JSON.stringify(amounts));
+    }
+    const escrow = await escrowOf(created.escrow_id);
+    assert.deepEqual([escrow.status, escrow.in_flight, escrow.resolution], ['disputed', null, null], 'nothing decided');
+    assert.equal(await balanceOf(t, from.wallet_id), '6.00');
+    assert.equal(await balanceOf(t, to.wallet_id), '0.50');
+    assert.equal(await chainBalance(created.chain_address), 4_000_000n);
+    await assertConserved();
+  });
+
   test(`outputs are fetched at most ${OUTPUT_FETCHES_PER_ORG_MAX} at once per organisation and ${OUTPUT_FETCHES_MAX} per process: a completion beyond is 503, to retry, and changes nothing`, async () => {
     assert.equal(OUTPUT_FETCHES_MAX, 2 * OUTPUT_FETCHES_PER_ORG_MAX, 'two organisations fill the process');
     const perOrg = OUTPUT_FETCHES_PER_ORG_MAX;
@@ -567,10 +737,6 @@ describe('escrow', () => {
     const complete = (key: string, escrowId: string) => t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, {
       key, body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
     });
-    const fetching = async (n: number) => {
-      for (let i = 0; i < 500 && slowResponses.length < n; i += 1) await new Promise((resolve) => setTimeout(resolve, 10));
-      assert.equal(slowResponses.length, n, `${n} outputs are being fetched`);
-    };
     const refused = async (key: string, escrowId: string, message: RegExp) => {
       const answer = await complete(key, escrowId);
       assert.equal(answer.status, 503, JSON.stringify(answer.body));
@@ -579,16 +745,16 @@ describe('escrow', () => {
       assert.equal((await t.request('GET', `/v1/payments/a2a/${escrowId}`, { key })).body.status, 'locked', 'unchanged');
     };
     const held = a.slice(0, perOrg).map((id) => complete(orgs[0]!.key, id));
-    await fetching(perOrg);
+    await slowFetches(perOrg);
     await refused(orgs[0]!.key, a[perOrg]!, /this organisation/);
     held.push(...b.map((id) => complete(orgs[1]!.key, id)));
-    await fetching(OUTPUT_FETCHES_MAX);
+    await slowFetches(OUTPUT_FETCHES_MAX);
     await refused(orgs[2]!.key, c[0]!, new RegExp(`${OUTPUT_FETCHES_MAX} escrow outputs`));
     while (slowResponses.length) slowResponses.shift()!();
     for (const answer of await Promise.all(held)) assert.equal(answer.body.status, 'released', JSON.stringify(answer.body));
     for (const [key, escrowId] of [[orgs[0]!.key, a[perOrg]!], [orgs[2]!.key, c[0]!]] as const) {
       const retried = complete(key, escrowId);
-      await fetching(1);
+      await slowFetches(1);
       slowResponses.shift()!();
       assert.equal((await retried).body.status, 'released', 'the retry goes through');
     }

@@ -33,7 +33,9 @@ import {
 } from '../transactions/settlement.ts';
 import { recipientEntrySql, serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
-import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from '../wallets/wallets.ts';
+import {
+  assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
+} from '../wallets/wallets.ts';
 import { recheckProofLocked, sha256Of, verifyProof, type ProofInput } from './proofs.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
@@ -132,7 +134,26 @@ const IN_FLIGHT: Record<Closing, string> = {
   create: 'created', release: 'released', refund: 'refunded', dispute: 'disputed', resolve: 'resolved',
 };
 
+/**
+ * How long a client is told to wait for an escrow still being created: its lock lands within a
+ * slot or two, and the request that sent it (or the reconciler) settles it as soon as it does.
+ */
+export const CREATING_RETRY_AFTER_S = 1;
+
+/**
+ * A move asked while another is in flight. An escrow whose creation is in flight is not settled:
+ * it is about to be locked, and then completes or disputes like any other, so the client is told
+ * to retry (escrow_already_settled would tell it to give up). Every other move in flight ends the
+ * escrow's chance to change that way: a release, a refund (it is past its expiry), a dispute, or
+ * an arbiter's decision.
+ */
 function busy(row: EscrowRow): ServiceError {
+  if (row.closing === 'create') {
+    const refusal = new ServiceError('service_unavailable',
+      `Escrow ${row.id} is still being created on chain: retry shortly.`, { escrow_id: row.id, status: row.status, in_flight: row.closing });
+    refusal.retryAfterS = CREATING_RETRY_AFTER_S;
+    return refusal;
+  }
   return new ServiceError('escrow_already_settled', `Escrow ${row.id} is being ${IN_FLIGHT[row.closing!]} on chain.`,
     { escrow_id: row.id, status: row.status });
 }
@@ -345,9 +366,39 @@ async function submit(ctx: Ctx, prepared: PreparedTransaction, wait: boolean): P
 // ---------------------------------------------------------------------------------------------
 // Complete → release
 
+/**
+ * An `agent` key's move on an escrow: the vault taking part whose session token the request
+ * showed, and the session public key that token matched when the request was authorised.
+ */
+export interface PartySession {
+  walletId: string;
+  sessionKey: string;
+}
+
+/**
+ * Checks again, in the transaction that records an agent's move, that the vault's session is the
+ * one its token matched and has not expired (DESIGN §7: a rotation revokes at once). The vault's
+ * row is read FOR SHARE, after the escrow's row (and, for a completion, in id order with the
+ * other vault): a rotation either committed first and refuses the move, as a payment's would,
+ * or waits for the move to commit. Without it, a completion fetching its output for seconds
+ * would release on a token rotated meanwhile.
+ */
+async function assertSessionCurrent(tx: Queryable, session: PartySession, nowMs: number): Promise<void> {
+  const [vault] = await tx.query<Pick<WalletRow, 'session_public_key' | 'session_expires_at'>>(
+    'SELECT session_public_key, session_expires_at FROM wallets WHERE id = $1 FOR SHARE', [session.walletId]);
+  if (!vault || vault.session_public_key !== session.sessionKey) throw sessionTokenInvalid();
+  const expiredSession = sessionExpiredError(vault, nowMs);
+  if (expiredSession) throw expiredSession;
+}
+
 /** The receiver (or the requester) shows a completion proof; verified, the escrow is released to the receiver. */
 export async function completeEscrow(
-  ctx: Ctx, orgId: string, escrowId: string, proof: ProofInput, options: { wait: boolean },
+  ctx: Ctx, orgId: string, escrowId: string, proof: ProofInput,
+  options: {
+    wait: boolean;
+    /** an `agent` key's completion: checked again under the vault's lock */
+    session?: PartySession | null;
+  },
 ): Promise<EscrowRow> {
   const before = await getEscrow(ctx.db, orgId, escrowId);
   assertCompletable(before, ctx.clock.nowMs());
@@ -359,11 +410,17 @@ export async function completeEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
-    // An attestation's receiving vault is read under a share lock, so its vaults are locked (in
-    // id order) before that read; otherwise recordPayout locks them.
-    if (proof.proofType === 'signed_attestation') {
-      await lockEscrowVaults(tx, [{ id: escrow.from_wallet_id, strength: 'KEY SHARE' }, { id: escrow.to_wallet_id, strength: 'SHARE' }]);
+    // A vault whose own columns are read under the lock — an attestation's receiving vault, the
+    // vault whose session token an agent showed — is locked FOR SHARE, both vaults in id order,
+    // before those reads; otherwise recordPayout locks them.
+    const read = [proof.proofType === 'signed_attestation' ? escrow.to_wallet_id : null, options.session?.walletId ?? null]
+      .filter((id): id is string => id !== null);
+    if (read.length > 0) {
+      await lockEscrowVaults(tx, [escrow.from_wallet_id, escrow.to_wallet_id].map((id): VaultLock => ({
+        id, strength: id !== null && read.includes(id) ? 'SHARE' : 'KEY SHARE',
+      })));
     }
+    if (options.session) await assertSessionCurrent(tx, options.session, nowMs);
     await recheckProofLocked(tx, nowMs, escrow, proof);
     await tx.query(
       `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
@@ -493,7 +550,13 @@ export interface DisputeInput {
 }
 
 /** Either party raises a dispute before the timeout: only an arbiter settles the escrow then. */
-export async function disputeEscrow(ctx: Ctx, orgId: string, keyId: string, escrowId: string, input: DisputeInput): Promise<EscrowRow> {
+export async function disputeEscrow(
+  ctx: Ctx, orgId: string, keyId: string, escrowId: string, input: DisputeInput,
+  options: {
+    /** an `agent` key's dispute: checked again under the vault's lock */
+    session?: PartySession | null;
+  } = {},
+): Promise<EscrowRow> {
   const before = await getEscrow(ctx.db, orgId, escrowId);
   assertCompletable(before, ctx.clock.nowMs());
   const prepared = await ctx.chain.prepare([referenceMemoIx(`${escrowId}:dispute`), await ctx.chain.escrowDisputeIx(escrowId)]);
@@ -501,6 +564,7 @@ export async function disputeEscrow(ctx: Ctx, orgId: string, keyId: string, escr
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
+    if (options.session) await assertSessionCurrent(tx, options.session, nowMs);
     const dispute = {
       raised_by_org: orgId, raised_by_key: keyId, reason: input.reason, evidence: input.evidence, raised_at: new Date(nowMs).toISOString(),
     };
@@ -551,8 +615,13 @@ async function settleDisputes(ctx: Ctx): Promise<number> {
   const open = await ctx.db.query<{ id: string; closing_signature: string; closing_valid_height: bigint }>(
     `SELECT id, closing_signature, closing_valid_height FROM escrows WHERE closing = 'dispute' ORDER BY updated_at LIMIT ${TICK_BATCH_MAX}`);
   if (!open.length) return 0;
-  const outcomes = await ctx.chain.getOutcomes(open.map((row) => row.closing_signature as Signature));
+  // The height before the statuses, as reconcilePending reads them: a status read after the
+  // height is at least as recent, so a dispute it does not find had not landed by that height
+  // either. Read the other way round, a dispute landing between the two reads (in its last valid
+  // blocks) would be unknown to the statuses and past expiry to the height: judged expired, and
+  // put back to locked while the chain holds it disputed.
   const height = await ctx.chain.getBlockHeight();
+  const outcomes = await ctx.chain.getOutcomes(open.map((row) => row.closing_signature as Signature));
   let settled = 0;
   for (const [index, row] of open.entries()) {
     const outcome = outcomes[index];

@@ -16,7 +16,7 @@ import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
-  completeEscrow, createEscrow, disputeEscrow, getEscrow, isServiceArbiter, resolveEscrow, type EscrowRow,
+  completeEscrow, createEscrow, disputeEscrow, getEscrow, isServiceArbiter, resolveEscrow, type EscrowRow, type PartySession,
 } from './escrows.ts';
 import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
 
@@ -110,9 +110,13 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
   const sessionTokenOf = (headers: Record<string, unknown>) =>
     (typeof headers['session-token'] === 'string' ? headers['session-token'] : undefined);
 
-  /** An agent acts on an escrow through a vault of its organisation taking part in it, with that vault's token. */
-  const authorizeParty = async (principal: Principal, escrow: EscrowRow, headers: Record<string, unknown>) => {
-    if (principal.role !== 'agent') return;
+  /**
+   * An agent acts on an escrow through a vault of its organisation taking part in it, with that
+   * vault's token. Answers that vault and the session key the token matched (null for other
+   * roles), which a move checks again under the vault's lock when it records.
+   */
+  const authorizeParty = async (principal: Principal, escrow: EscrowRow, headers: Record<string, unknown>): Promise<PartySession | null> => {
+    if (principal.role !== 'agent') return null;
     const token = sessionTokenOf(headers);
     const vaults = [escrow.org_id === principal.orgId ? escrow.from_wallet_id : null,
       escrow.receiver_org_id === principal.orgId ? escrow.to_wallet_id : null].filter((id): id is string => id !== null);
@@ -120,8 +124,10 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     const expired = (error: unknown) => error instanceof ServiceError && error.code === 'session_token_expired';
     for (const walletId of vaults) {
       try {
-        assertVaultAccess(principal, await getWallet(ctx.db, principal.orgId, walletId), token, ctx.clock.nowMs());
-        return;
+        const vault = await getWallet(ctx.db, principal.orgId, walletId);
+        assertVaultAccess(principal, vault, token, ctx.clock.nowMs());
+        // The token matched the vault's session key, so there is one.
+        return { walletId, sessionKey: vault.session_public_key! };
       } catch (error) {
         // The token is one vault's, expired: that is the answer, whatever the other vault says.
         if (!expired(refusal)) refusal = error;
@@ -202,11 +208,11 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const principal = principalOf(request);
     const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
-    await authorizeParty(principal, escrow, request.headers);
+    const session = await authorizeParty(principal, escrow, request.headers);
     const { proofType, proof, outputUrl } = request.body;
     if (outputUrl !== undefined && proofType !== 'output_hash') throw invalidRequest('output_url', 'outputUrl goes with an output_hash proof.');
     return escrowView(await completeEscrow(ctx, principal.orgId, escrow.id,
-      { proofType, proof, outputUrl: outputUrl ?? null }, { wait: request.body.waitForConfirmation ?? true }));
+      { proofType, proof, outputUrl: outputUrl ?? null }, { wait: request.body.waitForConfirmation ?? true, session }));
   });
 
   app.post('/v1/payments/a2a/:escrow_id/dispute', {
@@ -223,9 +229,9 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const principal = principalOf(request);
     const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
-    await authorizeParty(principal, escrow, request.headers);
+    const session = await authorizeParty(principal, escrow, request.headers);
     return escrowView(await disputeEscrow(ctx, principal.orgId, principal.keyId, escrow.id,
-      { reason: request.body.reason, evidence: request.body.evidence ?? null }));
+      { reason: request.body.reason, evidence: request.body.evidence ?? null }, { session }));
   });
 
   app.post('/v1/payments/a2a/:escrow_id/resolve', {
@@ -235,8 +241,8 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       params: EscrowParams,
       body: Type.Object({
         decision: Type.Union([Type.Literal('release'), Type.Literal('refund'), Type.Literal('split')]),
-        toReceiver: Type.Optional(Type.String({ description: 'split only: decimal USDC to the receiver' })),
-        toSender: Type.Optional(Type.String({ description: 'split only: decimal USDC back to the requester' })),
+        toReceiver: Type.Optional(amountField('split only: decimal USDC to the receiver (0 allowed)')),
+        toSender: Type.Optional(amountField('split only: decimal USDC back to the requester (0 allowed)')),
         waitForConfirmation: WaitField,
       }, { additionalProperties: false }),
       response: { 200: EscrowView },

@@ -143,10 +143,10 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
     request.log.warn({ err: error }, 'dependency unavailable');
   }
   if (service.replayed) reply.header('Idempotency-Replayed', 'true');
-  if (service.code === 'rate_limited') {
-    const retryAfter = reply.getHeader('retry-after');
-    if (!retryAfter) reply.header('Retry-After', String(service.retryAfterS ?? 60));
-  }
+  // When to ask again: a refusal that knows says so (a 503 whose cause passes soon, a quota);
+  // a rate limit always does (60 s when it does not know, unless the limiter said already).
+  if (service.retryAfterS !== null) reply.header('Retry-After', String(service.retryAfterS));
+  else if (service.code === 'rate_limited' && !reply.getHeader('retry-after')) reply.header('Retry-After', '60');
   return reply.code(service.status).send({
     error: {
       code: service.code,
