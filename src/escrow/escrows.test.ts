@@ -597,6 +597,32 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('a timeout refund the chain keeps refusing is sent again later and later, and other expired escrows are still refunded', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const stuck = (await open(from, to.wallet_id, { timeoutSeconds: 120, expectedOutputHash: OUTPUT_HASH })).body;
+    const other = (await open(from, to.wallet_id, { timeoutSeconds: 120, expectedOutputHash: OUTPUT_HASH })).body;
+    // The chain and the index disagree: the escrow's account was refunded on chain by the arbiter
+    // key outside the service, so every refund the service sends is refused there.
+    const chain = t.service.ctx.chain;
+    const outside = await chain.execute([await chain.escrowRefundIx(stuck.escrow_id, address(from.chain_address), true)]);
+    assert.equal(outside.err, null);
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 121 } });
+    for (let i = 0; i < 12; i += 1) await tick();
+
+    assert.equal((await escrowOf(other.escrow_id)).status, 'refunded', 'the other expired escrow was refunded');
+    assert.equal((await escrowOf(stuck.escrow_id)).status, 'locked');
+    const refunds = await t.service.ctx.db.query<{ status: string }>(
+      `SELECT status FROM transactions WHERE escrow_id = $1 AND type = 'escrow_refund'`, [stuck.escrow_id]);
+    assert.ok(refunds.length >= 1 && refunds.every((row) => row.status === 'failed'), JSON.stringify(refunds));
+    // Twelve ticks take a second or two: sent again after 1 s, then 2 s, not at every tick.
+    assert.ok(refunds.length <= 3, `${refunds.length} refunds sent in 12 ticks`);
+    const [row] = await t.service.ctx.db.query<{ refund_failures: number; refund_retry_at: Date }>(
+      'SELECT refund_failures, refund_retry_at FROM escrows WHERE id = $1', [stuck.escrow_id]);
+    assert.equal(row!.refund_failures, refunds.length);
+    assert.ok(row!.refund_retry_at.getTime() > t.service.ctx.clock.nowMs(), 'the next one waits');
+  });
+
   test('the service arbitrates: arbiter keys of the default organisation see and resolve disputes of any organisation; a party\'s own arbiter cannot', async () => {
     const tenant = await t.createOrganization('Disputing tenant');
     const from = await fundedWallet(t, '10', 'pol_permissive', tenant.adminKey);

@@ -81,6 +81,9 @@ export interface EscrowRow {
   created_at: Date;
   updated_at: Date;
   settled_at: Date | null;
+  /** timeout refunds of it the chain refused, and when the next may be sent (refundRetryDelayMs) */
+  refund_failures: number;
+  refund_retry_at: Date | null;
 }
 
 export function escrowNotFound(escrowId: string): ServiceError {
@@ -505,11 +508,15 @@ const TICK_BATCH_MAX = 100;
  */
 export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disputesSettled: number }> {
   const nowMs = ctx.clock.nowMs();
-  const due = await ctx.db.query<{ id: string; org_id: string }>(
-    `SELECT id, org_id FROM escrows WHERE status = 'locked' AND closing IS NULL AND expires_at <= $1
+  const due = await ctx.db.query<{ id: string; org_id: string; refund_failures: number }>(
+    `SELECT id, org_id, refund_failures FROM escrows WHERE status = 'locked' AND closing IS NULL AND expires_at <= $1
+       AND (refund_retry_at IS NULL OR refund_retry_at <= $1)
      ORDER BY expires_at LIMIT ${TICK_BATCH_MAX}`, [new Date(nowMs)]);
   const sent: PreparedTransaction[] = [];
-  for (const { id, org_id: orgId } of due) {
+  for (const { id, org_id: orgId, refund_failures: failures } of due) {
+    if (failures >= REFUND_FAILURES_WARNED) {
+      ctx.log.warn({ escrowId: id, failures }, 'the chain keeps refusing an expired escrow\'s refund; sending it again');
+    }
     try {
       const prepared = await refundExpired(ctx, orgId, id);
       if (prepared) sent.push(prepared);
@@ -533,6 +540,7 @@ async function refundExpired(ctx: Ctx, orgId: string, escrowId: string): Promise
     const nowMs = ctx.clock.nowMs();
     const locked = await lockEscrow(tx, orgId, escrowId);
     if (locked.status !== 'locked' || locked.closing !== null || nowMs < locked.expires_at.getTime()) return null;
+    if (locked.refund_retry_at !== null && nowMs < locked.refund_retry_at.getTime()) return null;
     await tx.query(
       `UPDATE escrows SET closing = 'refund', closing_signature = $2, closing_valid_height = $3, updated_at = $4 WHERE id = $1`,
       [escrowId, prepared.signature, prepared.lastValidBlockHeight, new Date(nowMs)]);
@@ -729,6 +737,11 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
     // The chain refused the move: a refused creation never locked anything; a refused payout
     // leaves the escrow as it was before (a release after the expiry: the timeout refunds it).
     const status = escrow.closing === 'create' ? 'failed' : escrow.closing === 'resolve' ? 'disputed' : 'locked';
+    // A refused timeout refund is sent again later and later: a refusal that repeats (the
+    // escrow's account no longer locked, a chain clock behind the service's) costs a row and a
+    // fee each time, and would hold a place in every batch of the refunding job.
+    const refundFailures = escrow.closing === 'refund' ? escrow.refund_failures + 1 : escrow.refund_failures;
+    const refundRetryAt = escrow.closing === 'refund' ? new Date(nowMs + refundRetryDelayMs(refundFailures)) : escrow.refund_retry_at;
     // A refused release also takes back what its completion set: the escrow is locked again, with
     // no proof that took effect.
     await tx.query(
@@ -737,10 +750,21 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
          completed_at = CASE WHEN closing = 'release' THEN NULL ELSE completed_at END,
          proof_type = CASE WHEN closing = 'release' THEN NULL ELSE proof_type END,
          output_url = CASE WHEN closing = 'release' THEN NULL ELSE output_url END,
-         settled_at = CASE WHEN $2 = 'failed' THEN $3 ELSE settled_at END WHERE id = $1`,
-      [escrow.id, status, now]);
+         settled_at = CASE WHEN $2 = 'failed' THEN $3 ELSE settled_at END,
+         refund_failures = $4, refund_retry_at = $5 WHERE id = $1`,
+      [escrow.id, status, now, refundFailures, refundRetryAt]);
   }
   return escrow;
+}
+
+/** The first refused refund is sent again after a second, each next one after twice as long, at most an hour. */
+const REFUND_RETRY_FIRST_MS = 1_000;
+const REFUND_RETRY_MAX_MS = 60 * 60 * 1000;
+/** From this many refused refunds of one escrow on, each is logged as a warning. */
+const REFUND_FAILURES_WARNED = 5;
+
+export function refundRetryDelayMs(failures: number): number {
+  return Math.min(REFUND_RETRY_MAX_MS, REFUND_RETRY_FIRST_MS * 2 ** Math.min(30, Math.max(0, failures - 1)));
 }
 
 /**
