@@ -8,9 +8,10 @@
  * state has not caught up is `chain_status = 'pending'`, and the `wallets.sync` job finishes it
  * after a crash or a failed send.
  */
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { Type } from 'typebox';
-import { address } from '@solana/kit';
+import { address, type Address } from '@solana/kit';
+import { referenceMemoIx } from '../chain/client.ts';
 import type { Clock } from '../clock/clock.ts';
 import type { Queryable } from '../db/database.ts';
 import { invalidRequest, ServiceError } from '../errors/errors.ts';
@@ -350,8 +351,9 @@ class SyncLeaseLost extends Error {}
  * policy; frozen when the wallet is frozen or archived. One sync at a time per wallet, under a
  * lease (migration 0024) renewed before each send: two at once could each send what the other
  * undid, a freeze landing after an unfreeze's sync had found nothing to send. The wallet is
- * marked `ready` only by the lease's holder, and only if nothing changed in the database since
- * the pass read it; otherwise the holder makes another pass. Returns false when another sync
+ * marked `ready` only by the lease's holder, only if the vault read back after the pass's sends
+ * is what the pass wanted, and only if nothing changed in the database since the pass read it;
+ * otherwise the holder makes another pass. Returns false when another sync
  * holds the wallet (it stays `pending` for that sync or the wallets.sync job), or took it over.
  * A chain refusal (settled: nothing in flight) releases the lease; a call that failed otherwise
  * keeps it until it lapses, since what it sent may still land.
@@ -373,16 +375,20 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
     q.query('UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL WHERE id = $1 AND sync_holder = $2', [walletId, holder]);
   let wallet = claimed;
   for (let pass = 1; ; pass += 1) {
-    let refused: string | null;
+    let sent: VaultPass;
     try {
-      refused = await sendVaultChanges(ctx, orgId, wallet, renew);
+      sent = await sendVaultChanges(ctx, orgId, wallet, renew);
     } catch (error) {
       if (error instanceof SyncLeaseLost) return false;
       throw error;
     }
-    if (refused) {
+    if ('refused' in sent) {
       await release(ctx.db);
-      throw new Error(refused);
+      throw new Error(sent.refused);
+    }
+    if (!sent.agrees) {
+      ctx.log.warn({ walletId, vault: wallet.chain_address, pass },
+        'the vault read back after its update is not what the wallet asks; another pass');
     }
     const outcome = await ctx.db.transaction(async (tx) => {
       const nowMs = ctx.clock.nowMs();
@@ -399,7 +405,7 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
             policy_id: current.policy_id },
         });
       }
-      if (current.updated_at.getTime() !== wallet.updated_at.getTime()) return current;
+      if (!sent.agrees || current.updated_at.getTime() !== wallet.updated_at.getTime()) return current;
       await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
       await release(tx);
       return 'done';
@@ -414,34 +420,67 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
   }
 }
 
+/** A pass's end: the chain refused (why), or the vault as read after its sends agrees with the row or not. */
+type VaultPass = { refused: string } | { agrees: boolean };
+
+/**
+ * The reference of one vault update's memo, `<wallet id>:<attempt>`: 64 random bits per send,
+ * so no two attempts, from this process or another sharing the chain, make the same message.
+ * A counter would not do: each process would count alike. Within the memo's 64 bytes:
+ * `agent-vault:` (12) + wallet id (30) + `:` + 11 base64url characters.
+ */
+function vaultUpdateReference(walletId: string): string {
+  return `${walletId}:${randomBytes(8).toString('base64url')}`;
+}
+
 /**
  * One pass: the vault created if missing, then the policy and the frozen flag the wallet row
- * asks for, each sent only if the chain differs, after `beforeSend` (which renews the lease).
- * Returns why the chain refused, or null.
+ * asks for, each sent only if the chain differs, after `beforeSend` (which renews the lease); the
+ * vault is then read back.
+ *
+ * A vault update carries a memo unique to its attempt. Without it, the same change under the
+ * same blockhash (freeze, unfreeze, freeze again from two processes, each caching its blockhash
+ * and remembering only its own signatures) is the same transaction byte for byte: the chain
+ * answers with the earlier signature and its earlier success, and the vault stays as the
+ * unfreeze left it. The read back is the second guard: whatever the outcome said, the wallet is
+ * in sync only if the account is what the row asks.
+ *
+ * The creation needs no memo: a vault is never closed, so a creation answered with an earlier
+ * identical one's success tells the truth (the vault exists), and its state is read and
+ * compared after it like any other.
  */
 async function sendVaultChanges(
   ctx: Ctx, orgId: string, wallet: WalletRow, beforeSend: () => Promise<void>,
-): Promise<string | null> {
-  let vault = await ctx.chain.getVault(address(wallet.chain_address));
+): Promise<VaultPass> {
+  const vaultAddress = address(wallet.chain_address);
+  let vault = await ctx.chain.getVault(vaultAddress);
   if (!vault) {
     await beforeSend();
     const created = await ctx.chain.execute([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
     // AlreadyInitialized: created by a sync before this one (its lease lapsed).
-    if (created.err && created.err.name !== 'AlreadyInitialized') return `creating vault ${wallet.chain_address} failed: ${created.err.name}`;
-    vault = await ctx.chain.getVault(address(wallet.chain_address));
-    if (!vault) throw new Error(`vault ${wallet.chain_address} missing after creation`);
+    if (created.err && created.err.name !== 'AlreadyInitialized') return { refused: `creating vault ${wallet.chain_address} failed: ${created.err.name}` };
+    vault = await readVault(ctx, vaultAddress);
   }
-  const wantFrozen = wallet.status !== 'active';
-  const wantPolicy = await ctx.chain.policyAddress(orgId, wallet.policy_id);
+  const want = {
+    frozen: wallet.status !== 'active', policy: await ctx.chain.policyAddress(orgId, wallet.policy_id),
+  };
   const instructions = [];
-  if (vault.policy !== wantPolicy) instructions.push(await ctx.chain.attachPolicyIx(orgId, wallet.agent_id, wallet.policy_id));
-  if (vault.frozen !== wantFrozen) instructions.push(await ctx.chain.setFrozenIx(orgId, wallet.agent_id, wantFrozen));
+  if (vault.policy !== want.policy) instructions.push(await ctx.chain.attachPolicyIx(orgId, wallet.agent_id, wallet.policy_id));
+  if (vault.frozen !== want.frozen) instructions.push(await ctx.chain.setFrozenIx(orgId, wallet.agent_id, want.frozen));
   if (instructions.length) {
     await beforeSend();
-    const outcome = await ctx.chain.execute(instructions);
-    if (outcome.err) return `updating vault ${wallet.chain_address} failed: ${outcome.err.name}`;
+    const outcome = await ctx.chain.execute([referenceMemoIx(vaultUpdateReference(wallet.id)), ...instructions]);
+    if (outcome.err) return { refused: `updating vault ${wallet.chain_address} failed: ${outcome.err.name}` };
+    vault = await readVault(ctx, vaultAddress);
   }
-  return null;
+  return { agrees: vault.policy === want.policy && vault.frozen === want.frozen };
+}
+
+/** The vault account, known to exist (created by this pass or before it; vaults are never closed). */
+async function readVault(ctx: Ctx, vault: Address) {
+  const account = await ctx.chain.getVault(vault);
+  if (!account) throw new Error(`vault ${vault} missing after its creation`);
+  return account;
 }
 
 const SYNC_BATCH_MAX = 50;
