@@ -573,18 +573,29 @@ export class ChainClient {
     return this.getTokenBalance(await this.ata(owner));
   }
 
+  /**
+   * The data of an account our program has created; null when there is none. Anyone can send
+   * lamports to an address, a program-derived one included, before the program creates the
+   * account there: that leaves an account of the System program with no data, which the program
+   * still creates its account over (program/src/cpi.c), so it counts as none.
+   */
+  async getProgramAccountData(account: Address): Promise<Uint8Array | null> {
+    const data = await this.getAccountData(account);
+    return data && data.length > 0 ? data : null;
+  }
+
   async getVault(vault: Address): Promise<program.VaultAccount | null> {
-    const data = await this.getAccountData(vault);
+    const data = await this.getProgramAccountData(vault);
     return data ? program.decodeVault(data) : null;
   }
 
   async getPolicy(policy: Address): Promise<program.PolicyAccount | null> {
-    const data = await this.getAccountData(policy);
+    const data = await this.getProgramAccountData(policy);
     return data ? program.decodePolicy(data) : null;
   }
 
   async getEscrow(escrow: Address): Promise<program.EscrowAccount | null> {
-    const data = await this.getAccountData(escrow);
+    const data = await this.getProgramAccountData(escrow);
     return data ? program.decodeEscrow(data) : null;
   }
 

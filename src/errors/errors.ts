@@ -37,7 +37,7 @@ export const ERROR_CODES = {
   escrow_already_settled: { status: 422, description: 'The escrow was already released, refunded or disputed.' },
   rate_limited: { status: 429, description: 'Too many requests for this API key: wait for the number of seconds in `Retry-After`.' },
   internal_error: { status: 500, description: 'Something went wrong on our side. The request id helps us find it.' },
-  service_unavailable: { status: 503, description: 'A dependency (database or chain) is not answering. Retry with the same idempotency key.' },
+  service_unavailable: { status: 503, description: 'A dependency (database or chain) is not answering, or what the request needs is still under way: retry (after `Retry-After` seconds when given) with the same idempotency key.' },
 } as const;
 
 export type ErrorCode = keyof typeof ERROR_CODES;
@@ -64,6 +64,16 @@ export class ServiceError extends Error {
   get status(): number {
     return ERROR_CODES[this.code].status;
   }
+}
+
+/**
+ * 503 `service_unavailable` for a request that will succeed once something under way is done (not
+ * a dependency down): `Retry-After` says when to ask again, and it is not logged as an outage.
+ */
+export function retryShortly(message: string, retryAfterS: number, details: Record<string, unknown> = {}): ServiceError {
+  const error = new ServiceError('service_unavailable', message, details);
+  error.retryAfterS = retryAfterS;
+  return error;
 }
 
 export function invalidRequest(param: string, message: string): ServiceError {

@@ -16,6 +16,7 @@ import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../
 import { canonicalJson } from '../http/idempotency.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
+import { refundRetryDelayMs } from './escrows.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
 
 const OUTPUT = 'the finished report\n';
@@ -612,11 +613,15 @@ describe('escrow', () => {
 
     assert.equal((await escrowOf(other.escrow_id)).status, 'refunded', 'the other expired escrow was refunded');
     assert.equal((await escrowOf(stuck.escrow_id)).status, 'locked');
-    const refunds = await t.service.ctx.db.query<{ status: string }>(
-      `SELECT status FROM transactions WHERE escrow_id = $1 AND type = 'escrow_refund'`, [stuck.escrow_id]);
+    const refunds = await t.service.ctx.db.query<{ status: string; created_at: Date }>(
+      `SELECT status, created_at FROM transactions WHERE escrow_id = $1 AND type = 'escrow_refund' ORDER BY created_at`, [stuck.escrow_id]);
     assert.ok(refunds.length >= 1 && refunds.every((row) => row.status === 'failed'), JSON.stringify(refunds));
-    // Twelve ticks take a second or two: sent again after 1 s, then 2 s, not at every tick.
-    assert.ok(refunds.length <= 3, `${refunds.length} refunds sent in 12 ticks`);
+    assert.ok(refunds.length < 12, `${refunds.length} refunds sent in 12 ticks`);
+    // Each sent at least 1 s, then 2 s, 4 s … after the one before was refused (service clock).
+    for (let i = 1; i < refunds.length; i += 1) {
+      const gapMs = refunds[i]!.created_at.getTime() - refunds[i - 1]!.created_at.getTime();
+      assert.ok(gapMs >= refundRetryDelayMs(i), `refund ${i + 1} came ${gapMs} ms after the one before`);
+    }
     const [row] = await t.service.ctx.db.query<{ refund_failures: number; refund_retry_at: Date }>(
       'SELECT refund_failures, refund_retry_at FROM escrows WHERE id = $1', [stuck.escrow_id]);
     assert.equal(row!.refund_failures, refunds.length);

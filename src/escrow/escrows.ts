@@ -17,7 +17,7 @@
 import { address, type Address, type Signature } from '@solana/kit';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
-import { ServiceError } from '../errors/errors.ts';
+import { ServiceError, retryShortly } from '../errors/errors.ts';
 import { recordEvent, type EventType } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
@@ -152,10 +152,8 @@ export const CREATING_RETRY_AFTER_S = 1;
  */
 function busy(row: EscrowRow): ServiceError {
   if (row.closing === 'create') {
-    const refusal = new ServiceError('service_unavailable',
-      `Escrow ${row.id} is still being created on chain: retry shortly.`, { escrow_id: row.id, status: row.status, in_flight: row.closing });
-    refusal.retryAfterS = CREATING_RETRY_AFTER_S;
-    return refusal;
+    return retryShortly(`Escrow ${row.id} is still being created on chain: retry shortly.`, CREATING_RETRY_AFTER_S,
+      { escrow_id: row.id, status: row.status, in_flight: row.closing });
   }
   return new ServiceError('escrow_already_settled', `Escrow ${row.id} is being ${IN_FLIGHT[row.closing!]} on chain.`,
     { escrow_id: row.id, status: row.status });
@@ -740,8 +738,11 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
     // A refused timeout refund is sent again later and later: a refusal that repeats (the
     // escrow's account no longer locked, a chain clock behind the service's) costs a row and a
     // fee each time, and would hold a place in every batch of the refunding job.
-    const refundFailures = escrow.closing === 'refund' ? escrow.refund_failures + 1 : escrow.refund_failures;
-    const refundRetryAt = escrow.closing === 'refund' ? new Date(nowMs + refundRetryDelayMs(refundFailures)) : escrow.refund_retry_at;
+    // A refund that never landed (its blockhash expired: a congested or stopped chain) was not
+    // refused: it is sent again at the next tick, without adding to the back-off.
+    const refused = escrow.closing === 'refund' && row.failure_reason !== EXPIRED;
+    const refundFailures = refused ? escrow.refund_failures + 1 : escrow.refund_failures;
+    const refundRetryAt = refused ? new Date(nowMs + refundRetryDelayMs(refundFailures)) : escrow.refund_retry_at;
     // A refused release also takes back what its completion set: the escrow is locked again, with
     // no proof that took effect.
     await tx.query(

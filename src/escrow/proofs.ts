@@ -13,7 +13,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Queryable } from '../db/database.ts';
-import { ServiceError } from '../errors/errors.ts';
+import { ServiceError, retryShortly } from '../errors/errors.ts';
 import { fetchGuarded, OutboundError } from '../net/outbound.ts';
 import { verifyCallbackProof } from '../verifiers/verifiers.ts';
 import { verifySessionSignature } from '../wallets/session-token.ts';
@@ -37,14 +37,17 @@ export const OUTPUT_FETCHES_PER_ORG_MAX = 4;
 let outputFetches = 0;
 const outputFetchesByOrg = new Map<string, number>();
 
+/** A fetch takes at most OUTPUT_FETCH_TIMEOUT_MS: a place frees within that. */
+const FETCH_RETRY_AFTER_S = OUTPUT_FETCH_TIMEOUT_MS / 1000;
+
 function takeOutputFetch(orgId: string): void {
   const ofOrg = outputFetchesByOrg.get(orgId) ?? 0;
   if (ofOrg >= OUTPUT_FETCHES_PER_ORG_MAX) {
-    throw new ServiceError('service_unavailable',
-      `${OUTPUT_FETCHES_PER_ORG_MAX} outputs of this organisation's escrows are being fetched already; retry in a few seconds.`);
+    throw retryShortly(
+      `${OUTPUT_FETCHES_PER_ORG_MAX} outputs of this organisation's escrows are being fetched already; retry in a few seconds.`, FETCH_RETRY_AFTER_S);
   }
   if (outputFetches >= OUTPUT_FETCHES_MAX) {
-    throw new ServiceError('service_unavailable', `${OUTPUT_FETCHES_MAX} escrow outputs are being fetched already; retry in a few seconds.`);
+    throw retryShortly(`${OUTPUT_FETCHES_MAX} escrow outputs are being fetched already; retry in a few seconds.`, FETCH_RETRY_AFTER_S);
   }
   outputFetches += 1;
   outputFetchesByOrg.set(orgId, ofOrg + 1);

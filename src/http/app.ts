@@ -139,7 +139,8 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
   const service = toServiceError(error, request.routeOptions.bodyLimit ?? BODY_LIMIT_BYTES);
   if (service.code === 'internal_error') {
     request.log.error({ err: error }, 'unhandled error');
-  } else if (service.code === 'service_unavailable') {
+  } else if (service.code === 'service_unavailable' && service.retryAfterS === null) {
+    // A 503 that says when to retry (retryShortly) is a wait, not an outage.
     request.log.warn({ err: error }, 'dependency unavailable');
   }
   if (service.replayed) reply.header('Idempotency-Replayed', 'true');

@@ -59,6 +59,24 @@ describe('creating an organisation', () => {
     assert.equal((await t.request('GET', '/v1/organization', { key })).status, 200);
   });
 
+  test('lamports sent to the reserve\'s address before its setup do not stop it', async () => {
+    let shown: { orgId: string; key: string } | null = null;
+    await assert.rejects(createOrganization({ ...t.service.ctx, chain: unfundedChain() }, {
+      name: 'Prefunded', onCreated: (orgId, key) => { shown = { orgId, key: key.key }; },
+    }));
+    const { orgId, key } = shown as unknown as { orgId: string; key: string };
+    // Anyone can send lamports to any address: an account of the System program, with no data.
+    const { reserve } = await t.service.ctx.chain.reserveAddresses(orgId);
+    await t.service.ctx.chain.rpc.requestAirdrop(reserve, lamports(1_000_000n)).send();
+    assert.equal((await t.service.ctx.chain.getAccountData(reserve))?.length, 0);
+
+    await bootstrapOrganizations(t.service.ctx, null);
+    const [row] = await t.service.ctx.db.query<{ chain_status: string }>('SELECT chain_status FROM organizations WHERE id = $1', [orgId]);
+    assert.equal(row!.chain_status, 'ready');
+    const org = await t.request('GET', '/v1/organization', { key });
+    assert.equal(typeof org.body.reserve.token_account, 'string');
+  });
+
   test('a reserve another key set up first at its address is refused: no deposit address, a start still starts', async () => {
     // The reserve's address derives from the organisation's id alone, which its setup
     // transaction shows: another key can create the reserve there first, for the real mint.

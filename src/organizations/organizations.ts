@@ -86,7 +86,7 @@ export async function createOrganization(
  */
 export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 'chain'>, orgId: string): Promise<void> {
   const { reserve } = await ctx.chain.reserveAddresses(orgId);
-  const existing = await ctx.chain.getAccountData(reserve);
+  const existing = await ctx.chain.getProgramAccountData(reserve);
   if (!existing) {
     const instructions = [
       await ctx.chain.initReserveIx(orgId),
@@ -95,7 +95,7 @@ export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 
     const outcome = await ctx.chain.execute(instructions);
     // AlreadyInitialized with the reserve there: another process set it up at the same moment
     // (its transaction held the same instructions).
-    const doneElsewhere = outcome.err?.name === 'AlreadyInitialized' && await ctx.chain.getAccountData(reserve) !== null;
+    const doneElsewhere = outcome.err?.name === 'AlreadyInitialized' && await ctx.chain.getProgramAccountData(reserve) !== null;
     if (outcome.err && !doneElsewhere) throw new Error(`provisioning organisation ${orgId} on chain failed: ${outcome.err.name}`);
   }
   await assertOwnSetup(ctx, orgId);
@@ -120,10 +120,13 @@ async function assertOwnSetup(ctx: Pick<AppContext, 'chain'>, orgId: string): Pr
     throw new Error(`organisation ${orgId}: ${what} on chain was not set up by this service's operator key (${operator}); `
       + 'refusing to use it (the organisation stays pending; see docs/operations.md, "An organisation stays pending")');
   };
-  const data = await ctx.chain.getAccountData(reserve);
+  const data = await ctx.chain.getProgramAccountData(reserve);
+  // Read right after the setup landed (at `confirmed`): an account missing is a node behind the
+  // one that answered, not another key's doing, and the next start tries again.
+  if (!data) throw new Error(`organisation ${orgId}: its reserve ${reserve} is not on chain yet after its setup; the next start tries again`);
   let account: ReserveAccount | null = null;
   try {
-    account = data ? decodeReserve(data) : null;
+    account = decodeReserve(data);
   } catch {
     refuse(`the account at its reserve address ${reserve}`);
   }
@@ -131,7 +134,8 @@ async function assertOwnSetup(ctx: Pick<AppContext, 'chain'>, orgId: string): Pr
   for (const preset of PRESETS) {
     const policyAccount = await ctx.chain.policyAddress(orgId, preset.id);
     const policy = await ctx.chain.getPolicy(policyAccount);
-    if (!policy || policy.authority !== operator || !sameLimits(policy, chainLimitsOf(preset.rules))) {
+    if (!policy) throw new Error(`organisation ${orgId}: its preset policy ${preset.id} (${policyAccount}) is not on chain yet; the next start tries again`);
+    if (policy.authority !== operator || !sameLimits(policy, chainLimitsOf(preset.rules))) {
       refuse(`its preset policy ${preset.id} (${policyAccount})`);
     }
   }
