@@ -306,6 +306,118 @@ describe('events, wallet states and automation', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
   });
 
+  // Guarantee: a vault whose topup the reserve could not cover is topped up as soon as the
+  // reserve can (an operator's deposit), not left below its trigger until its balance happens to
+  // come back; and the shortfall is told once, however many ticks find the reserve still short.
+  test('an auto-topup the reserve could not cover is made once a deposit covers it; the shortfall is told once', async () => {
+    const { adminKey: key } = await t.createOrganization('Short reserve');
+    const deposit = async (amount: string) => {
+      const deposited = await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount } });
+      assert.equal(deposited.status, 200, JSON.stringify(deposited.body));
+    };
+    const reserve = async () => (await t.request('GET', '/v1/organization', { key })).body.reserve.usdc_balance as string;
+    const eventsOfVault = async (type: string) => (await t.settled(), await t.request('GET',
+      `/v1/events?type=${type}&walletId=${wallet.wallet_id}&limit=100`, { key })).body.data as Array<{ details: Record<string, unknown> }>;
+    const tick = async (times: number) => { for (let i = 0; i < times; i += 1) await t.service.jobs.runOnce(); };
+
+    const wallet = await fundedWallet(t, '15', 'pol_permissive', key); // the whole reserve, into the vault
+    const other = await fundedWallet(t, '1', 'pol_permissive', key);
+    await deposit('20');
+    const set = await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+      { key, body: { enabled: true, triggerBelow: '10', topupAmount: '50' } });
+    assert.equal(set.status, 200, JSON.stringify(set.body));
+    const paid = await t.request('POST', '/v1/payments',
+      { key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '10', currency: 'USDC' } });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    await tick(3);
+    assert.equal(await balanceOf(t, wallet.wallet_id, key), '5.00', 'the reserve (20.00) cannot cover 50.00');
+    const shortfall = [['auto_topup_reserve_insufficient', '5.00', '50.00', '20.00']];
+    const told = async () => (await eventsOfVault('balance.low'))
+      .map((e) => [e.details.reason, e.details.current_balance, e.details.topup_amount, e.details.org_balance]);
+    assert.deepEqual(await told(), shortfall);
+
+    await deposit('10');
+    await tick(3);
+    assert.equal(await balanceOf(t, wallet.wallet_id, key), '5.00', 'still short (30.00): nothing made');
+    assert.deepEqual(await told(), shortfall, 'nor told again');
+
+    // A deposit covers it, but another funding spends the reserve between the job's look and the
+    // topup's funding (held as the topup is being signed): refused again, and not told again.
+    await deposit('1000');
+    const { chain } = t.service.ctx;
+    const prepare = chain.prepare;
+    let tried = false;
+    chain.prepare = async (...args: Parameters<typeof prepare>) => {
+      chain.prepare = prepare;
+      tried = true;
+      const spent = await t.request('POST', `/v1/wallets/${other.wallet_id}/fund`, { key, body: { amount: '1000' } });
+      assert.equal(spent.status, 200, JSON.stringify(spent.body));
+      return prepare.apply(chain, args);
+    };
+    try {
+      assert.deepEqual(await runWalletAutomation(t.service.ctx), { topups: 0, lowBalance: 0 });
+    } finally {
+      chain.prepare = prepare;
+    }
+    assert.equal(tried, true, 'the reserve covered it: the topup was tried again');
+    assert.equal(await reserve(), '30.00', 'the other funding took it');
+    assert.deepEqual(await told(), shortfall, 'the same shortfall: not told again');
+
+    await deposit('100');
+    await tick(3);
+    assert.equal(await balanceOf(t, wallet.wallet_id, key), '55.00', '5.00 + one topup of 50.00');
+    assert.equal(await reserve(), '80.00');
+    assert.deepEqual((await eventsOfVault('wallet.funded')).map((e) => e.details.source), ['auto_topup', 'reserve']);
+    assert.deepEqual(await told(), shortfall, 'one balance.low for the whole shortfall');
+  });
+
+  // Guarantee: auto-topup set again (turned off and on, or given another trigger) while the
+  // vault's topup is still on its way to the chain starts no second topup: the vault would be paid
+  // twice for one crossing. The topup is held deterministically at its submission to the chain,
+  // recorded pending with its latch taken, while the settings change and the job runs again.
+  test('auto-topup set again while its topup is in flight pays one topup, not two', async () => {
+    const { ctx } = t.service;
+    const wallet = await fundedWallet(t, '10');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '30' } });
+    const setTopup = async (enabled: boolean, triggerBelow: string) => {
+      const set = await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`, { body: { enabled, triggerBelow, topupAmount: '10' } });
+      assert.equal(set.status, 200, JSON.stringify(set.body));
+    };
+    await setTopup(true, '5');
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    const submit = ctx.chain.submit;
+    let reached!: () => void;
+    const inFlight = new Promise<void>((resolve) => { reached = resolve; });
+    let letGo!: () => void;
+    const gate = new Promise<void>((resolve) => { letGo = resolve; });
+    ctx.chain.submit = async (...args: Parameters<typeof submit>) => {
+      ctx.chain.submit = submit;
+      reached();
+      await gate;
+      return submit.apply(ctx.chain, args);
+    };
+    let first: ReturnType<typeof runWalletAutomation> | undefined;
+    try {
+      first = runWalletAutomation(ctx);
+      await inFlight;
+      await setTopup(false, '5');
+      await setTopup(true, '5');
+      assert.deepEqual(await runWalletAutomation(ctx), { topups: 0, lowBalance: 0 }, 'turned off and on: no second topup');
+      await setTopup(true, '6');
+      assert.deepEqual(await runWalletAutomation(ctx), { topups: 0, lowBalance: 0 }, 'another trigger: no second topup');
+      letGo();
+      assert.deepEqual(await first, { topups: 1, lowBalance: 0 });
+    } finally {
+      ctx.chain.submit = submit;
+      letGo();
+      await first?.catch(() => {});
+    }
+    await t.service.jobs.runOnce();
+    assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
+    const sources = (await eventsOf('wallet.funded', wallet.wallet_id)).map((e) => e.details.source);
+    assert.deepEqual(sources, ['auto_topup', 'reserve']);
+  });
+
   // Guarantee: a process killed in the middle of an auto-topup loses no topup. The topup is held
   // half way (its funding waits for the reserve's lock, which the test holds); at that moment the
   // vault must not be marked as topped up, or a process killed then would never top it up.

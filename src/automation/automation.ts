@@ -8,8 +8,9 @@
  *   (a PATCH that sets a new expiry starts another);
  * - auto-topup: when an active vault is below its `trigger_below` (after a debit, or already
  *   when auto-topup is turned on), the reserve funds
- *   `topup_amount` once; a reserve too small raises `balance.low` instead; it fires again only
- *   after the balance was back at or above the trigger — never a loop;
+ *   `topup_amount` once; a reserve too small raises `balance.low` instead, once, and the topup
+ *   is made when the reserve can cover it; it fires again only after the balance was back at or
+ *   above the trigger — never a loop;
  * - balance.low: once each time a vault's balance falls below its low-balance threshold;
  * - alerts (per-organisation settings, `alert.raised`): inactivity, velocity spike, large
  *   transaction, policy violation.
@@ -85,7 +86,8 @@ function lowBalanceEvent(
 export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; lowBalance: number }> {
   const now = new Date(ctx.clock.nowMs());
   // Latches re-arm as the balance is written back at or above their trigger (migration 0018),
-  // or when the trigger or threshold is set again: nothing to scan for here.
+  // or when the trigger or threshold is set again: nothing to scan for here (but for topups the
+  // reserve could not cover, retried below).
 
   // Each latch is set in the transaction that writes its event (the outbox): both or neither.
   const lows = await ctx.db.transaction(async (tx) => {
@@ -102,25 +104,35 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
 
   // Candidates only: each topup's latch is taken in the transaction that records its funding
   // (or that writes its balance.low), so no moment exists where the latch is taken and nothing
-  // was recorded — a process that dies in between loses no topup.
+  // was recorded — a process that dies in between loses no topup. A latch taken for a reserve
+  // shortfall (migration 0030) makes its vault a candidate again once the reserve holds the
+  // topup's amount: judged here from the reserve as read, and again under its lock by the funding.
   const due = await ctx.db.query<{ id: string; org_id: string; auto_topup_amount: bigint }>(
-    `SELECT id, org_id, auto_topup_amount FROM wallets
-     WHERE auto_topup_enabled AND topup_fired_at IS NULL AND balance < auto_topup_trigger_below
-       AND status = 'active' AND provisioned_at IS NOT NULL
-     ORDER BY id LIMIT ${BATCH}`);
+    `SELECT w.id, w.org_id, w.auto_topup_amount FROM wallets w
+     WHERE w.auto_topup_enabled AND w.balance < w.auto_topup_trigger_below AND w.status = 'active' AND w.provisioned_at IS NOT NULL
+       AND (w.topup_fired_at IS NULL
+         OR (w.topup_fired_at IS NOT NULL AND w.topup_reserve_short_at IS NOT NULL
+           AND w.auto_topup_amount <= (SELECT o.reserve_balance FROM organizations o WHERE o.id = w.org_id)))
+     ORDER BY w.id LIMIT ${BATCH}`);
   let topups = 0;
-  /** Takes the vault's latch if it is still due (checked again under the lock); the balance and trigger when taken. */
-  const takeLatch = async (tx: Queryable, walletId: string) => (await tx.query<{ balance: bigint; auto_topup_trigger_below: bigint }>(
-    `UPDATE wallets SET topup_fired_at = $2
-     WHERE id = $1 AND auto_topup_enabled AND topup_fired_at IS NULL AND balance < auto_topup_trigger_below
+  /**
+   * Takes the vault's latch if its topup is still due (checked again under the lock), marked as
+   * taken for a reserve shortfall or not; the balance and trigger when taken. A funding may also
+   * take a latch held for a shortfall (the reserve now covers it); a shortfall only a free one,
+   * so that a vault still short is told once.
+   */
+  const takeLatch = async (tx: Queryable, walletId: string, reserveShort: boolean) => (await tx.query<{ balance: bigint; auto_topup_trigger_below: bigint }>(
+    `UPDATE wallets SET topup_fired_at = $2, topup_reserve_short_at = CASE WHEN $3::boolean THEN $2::timestamptz END
+     WHERE id = $1 AND auto_topup_enabled AND balance < auto_topup_trigger_below
        AND status = 'active' AND provisioned_at IS NOT NULL
-     RETURNING balance, auto_topup_trigger_below`, [walletId, now]))[0];
+       AND (topup_fired_at IS NULL OR (NOT $3::boolean AND topup_reserve_short_at IS NOT NULL))
+     RETURNING balance, auto_topup_trigger_below`, [walletId, now, reserveShort]))[0];
   for (const wallet of due) {
     /** Whether the latch was taken in the funding's transaction (which then commits, but for a failure of the commit itself). */
     let latched = false;
     try {
       await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], async (tx) => {
-        if (!await takeLatch(tx, wallet.id)) throw new TopupNotDue();
+        if (!await takeLatch(tx, wallet.id, false)) throw new TopupNotDue();
         latched = true;
       }, { memo: AUTO_TOPUP_MEMO });
       topups += 1;
@@ -133,9 +145,12 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
         continue;
       }
       if (error instanceof ServiceError && error.code === 'org_insufficient_balance') {
-        // The reserve cannot cover it: said once, with the latch, and not tried again until the balance is back.
+        // The reserve cannot cover it: said once, with the latch marked as taken for that reason,
+        // and tried again when the reserve can cover it (or afresh once the balance is back). A
+        // vault already marked (the reserve looked enough, and was spent before its funding) takes
+        // nothing here: its shortfall was told.
         await ctx.db.transaction(async (tx) => {
-          const latched = await takeLatch(tx, wallet.id);
+          const latched = await takeLatch(tx, wallet.id, true);
           if (!latched) return;
           await recordEvent(tx, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, latched.balance, latched.auto_topup_trigger_below, {
             reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),

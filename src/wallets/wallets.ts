@@ -623,10 +623,18 @@ export async function setAutoTopup(ctx: Ctx, orgId: string, walletId: string, in
   await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
-    // Turned on, or given another trigger: a new episode, so a vault already below fires again.
+    // Turned on, or given another trigger: a new episode, so a vault already below fires again —
+    // unless its topup is still in flight (an auto-topup funding pending): that one is the
+    // episode's, and freeing its latch would pay the vault a second time. Its latch re-arms as
+    // usual when it lands (the balance back), or when it expires unsent (the funding's failure
+    // rule). 'auto-topup' is AUTO_TOPUP_MEMO (src/transactions/settlement.ts). Under the vault's
+    // lock, which the automation takes too before it records a funding: no topup slips between.
     await tx.query(
       `UPDATE wallets SET auto_topup_enabled = $2, auto_topup_trigger_below = $3, auto_topup_amount = $4, updated_at = $5,
-         topup_fired_at = CASE WHEN NOT auto_topup_enabled OR auto_topup_trigger_below IS DISTINCT FROM $3 THEN NULL ELSE topup_fired_at END
+         topup_fired_at = CASE WHEN (NOT auto_topup_enabled OR auto_topup_trigger_below IS DISTINCT FROM $3)
+             AND NOT EXISTS (SELECT 1 FROM transactions t WHERE t.wallet_id = $1 AND t.type = 'funding'
+               AND t.memo = 'auto-topup' AND t.status = 'pending')
+           THEN NULL ELSE topup_fired_at END
        WHERE id = $1`,
       [walletId, input.enabled, input.triggerBelow, input.topupAmount, new Date(nowMs)]);
   });
