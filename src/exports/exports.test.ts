@@ -619,37 +619,6 @@ describe('transaction exports over time and through failures', () => {
     assert.equal(ready.body.size_bytes, Buffer.byteLength(String(file.body), 'utf8'), 'the size is the rebuilt file\'s alone');
   });
 
-  // Before `json` meant one array, it wrote JSON Lines (the format now called `jsonl`). A file
-  // built then must still be served as what it holds, not as a JSON document it is not.
-  test('an export built as json before json meant an array still downloads as the JSON Lines its file holds', async () => {
-    const { db } = t.service.ctx;
-    const created = await t.request('POST', '/v1/transactions/export', { body: { format: 'jsonl' } });
-    const id = created.body.export_id as string;
-    await t.service.jobs.runOnce();
-    // The database as the previous release left it: the export recorded as `json`, its file
-    // JSON Lines (the same writer), and the migration not yet applied.
-    const migration = listMigrations().find((m) => m.name === 'export_format_jsonl')!;
-    await db.transaction(async (tx) => {
-      await tx.query('ALTER TABLE exports DROP CONSTRAINT exports_format_check');
-      await tx.query(`UPDATE exports SET format = 'json' WHERE id = $1`, [id]);
-      await tx.query(`ALTER TABLE exports ADD CONSTRAINT exports_format_check CHECK (format IN ('csv', 'json'))`);
-      await tx.query('DELETE FROM schema_migrations WHERE version = $1', [migration.version]);
-    });
-    assert.deepEqual(await migrate(db), [migration.version]);
-
-    const ready = await t.request('GET', `/v1/transactions/exports/${id}`);
-    assert.equal(ready.body.status, 'ready');
-    assert.equal(ready.body.format, 'jsonl');
-    assert.equal(ready.body.file_name, `transactions-${id}.jsonl`);
-    const file = await download(t, ready.body.download_url);
-    assert.equal(file.status, 200);
-    assert.equal(file.headers['content-type'], 'application/x-ndjson; charset=utf-8');
-    assert.equal(file.headers['content-disposition'], `attachment; filename="transactions-${id}.jsonl"`);
-    const lines = String(file.body).split('\n').slice(0, -1).map((line) => JSON.parse(line));
-    assert.equal(lines.length, ready.body.row_count);
-    assert.ok(lines.length > 0);
-  });
-
   test(`an export whose build is interrupted ${BUILD_ATTEMPTS_MAX} times ends failed, with a reason`, async () => {
     const created = await t.request('POST', '/v1/transactions/export', { body: { format: 'csv' } });
     const id = created.body.export_id;
@@ -705,5 +674,85 @@ describe('transaction exports over time and through failures', () => {
     for (const [key, id] of [[busy.adminKey, queued[0]], [patient.adminKey, late]] as const) {
       assert.equal((await t.request('GET', `/v1/transactions/exports/${id}`, { key })).body.status, 'ready');
     }
+  });
+});
+
+// Before `json` meant one array, it wrote JSON Lines (the format now called `jsonl`). Migration
+// 0027 rewrites no row, since processes of the previous release share the database during a
+// deploy: an export that release recorded says `json`, with json_array NULL, whether recorded
+// before the migration or after it. It must be served, and built, as the JSON Lines its file
+// holds or was promised, not as the JSON document `json` now means. Its own service: the test
+// puts the schema back as the previous release left it.
+describe('exports recorded by the release before jsonl', () => {
+  let t: TestService;
+  before(async () => {
+    t = await startTestService();
+    await fundedWallet(t, '10');
+  });
+  after(async () => { await closeDeletingFiles(t); });
+
+  test('an export built as json before json meant an array still downloads as the JSON Lines its file holds, '
+    + 'and one still processing is built as JSON Lines', async () => {
+    const { db } = t.service.ctx;
+    // A file the previous release built for `json`: JSON Lines, which the `jsonl` writer writes alike.
+    const built = await t.request('POST', '/v1/transactions/export', { body: { format: 'jsonl' } });
+    assert.equal(built.status, 200, JSON.stringify(built.body));
+    const readyId = built.body.export_id as string;
+    await t.service.jobs.runOnce();
+    // The database as the previous release left it: that export recorded as `json`, migration
+    // 0027 not applied.
+    const migration = listMigrations().find((m) => m.name === 'export_format_jsonl')!;
+    await db.transaction(async (tx) => {
+      await tx.query('ALTER TABLE exports DROP COLUMN json_array');
+      await tx.query('ALTER TABLE exports DROP CONSTRAINT exports_format_check');
+      await tx.query(`UPDATE exports SET format = 'json' WHERE id = $1`, [readyId]);
+      await tx.query(`ALTER TABLE exports ADD CONSTRAINT exports_format_check CHECK (format IN ('csv', 'json'))`);
+      await tx.query('DELETE FROM schema_migrations WHERE version = $1', [migration.version]);
+    });
+    assert.deepEqual(await migrate(db), [migration.version]);
+    // After the migration, a process of the previous release still takes `format: "json"`, and
+    // records it with its own statement, which names no json_array.
+    const processingId = newId('exp', t.service.ctx.clock.nowMs());
+    await db.query(
+      `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
+       SELECT $1, org_id, 'json', 'processing', filter, estimated_rows, $2, created_by, $2, $2 FROM exports WHERE id = $3`,
+      [processingId, new Date(t.service.ctx.clock.nowMs()), readyId]);
+    const stored = await db.query<{ format: string; json_array: boolean | null }>(
+      'SELECT format, json_array FROM exports WHERE id = ANY($1::text[])', [[readyId, processingId]]);
+    assert.deepEqual(stored.map((row) => ({ ...row })), [{ format: 'json', json_array: null }, { format: 'json', json_array: null }],
+      'the rows stay as the previous release recorded them');
+    const processing = await t.request('GET', `/v1/transactions/exports/${processingId}`);
+    assert.equal(processing.body.format, 'jsonl');
+    assert.equal(processing.body.file_name, `transactions-${processingId}.jsonl`);
+
+    await t.service.jobs.runOnce();
+    for (const id of [readyId, processingId]) {
+      const ready = await t.request('GET', `/v1/transactions/exports/${id}`);
+      assert.equal(ready.status, 200, JSON.stringify(ready.body));
+      assert.equal(ready.body.status, 'ready', id);
+      assert.equal(ready.body.format, 'jsonl', id);
+      assert.equal(ready.body.file_name, `transactions-${id}.jsonl`);
+      const file = await download(t, ready.body.download_url);
+      assert.equal(file.status, 200);
+      assert.equal(file.headers['content-type'], 'application/x-ndjson; charset=utf-8');
+      assert.equal(file.headers['content-disposition'], `attachment; filename="transactions-${id}.jsonl"`);
+      const text = String(file.body);
+      assert.ok(text.startsWith('{') && text.endsWith('}\n'), `${id}: JSON Lines, not an array`);
+      const lines = text.split('\n').slice(0, -1).map((line) => JSON.parse(line));
+      assert.equal(lines.length, ready.body.row_count);
+      assert.ok(lines.length > 0);
+    }
+    const events = await t.request('GET', '/v1/events?type=export.ready');
+    const event = events.body.data.find((e: View) => e.details.export_id === processingId);
+    assert.equal(event?.details.format, 'jsonl');
+    assert.equal(event?.details.file_name, `transactions-${processingId}.jsonl`);
+    assert.match(event?.summary, /JSON Lines/);
+
+    // One requested now is the array `json` means.
+    const json = await t.request('POST', '/v1/transactions/export', { body: { format: 'json' } });
+    await t.service.jobs.runOnce();
+    const array = await download(t, `/v1/transactions/exports/${json.body.export_id}/download`);
+    assert.equal(array.headers['content-type'], 'application/json');
+    assert.ok(Array.isArray(JSON.parse(String(array.body))));
   });
 });

@@ -20,7 +20,7 @@ import {
   TransactionStatusSchema, TransactionTypeSchema, listTransactions, transactionConditions, transactionView, type TransactionFilter,
 } from '../transactions/views.ts';
 import { getWallet } from '../wallets/wallets.ts';
-import { CONTENT_TYPES, FILE_EXTENSIONS, FORMAT_NAMES, formatWriter, type ExportFormat } from './formats.ts';
+import { CONTENT_TYPES, FILE_EXTENSIONS, FORMAT_NAMES, fileFormatOf, formatWriter, type ExportFormat } from './formats.ts';
 import { ContentWriter, deleteContent, readContent } from './storage.ts';
 
 const HOUR_MS = 3_600_000;
@@ -79,7 +79,10 @@ interface StoredFilter {
 export interface ExportRow {
   id: string;
   org_id: string;
+  /** as requested; read it through fileFormatOf, which knows what a `json` of the previous release holds */
   format: ExportFormat;
+  /** TRUE on every export this code records; NULL on one the previous release recorded (migration 0027) */
+  json_array: boolean | null;
   status: ExportStatus;
   filter: StoredFilter;
   estimated_rows: bigint;
@@ -139,8 +142,8 @@ export function downloadPath(exportId: string): string {
   return `/v1/transactions/exports/${exportId}/download`;
 }
 
-export function fileNameOf(row: Pick<ExportRow, 'id' | 'format'>): string {
-  return `transactions-${row.id}.${FILE_EXTENSIONS[row.format]}`;
+export function fileNameOf(row: Pick<ExportRow, 'id' | 'format' | 'json_array'>): string {
+  return `transactions-${row.id}.${FILE_EXTENSIONS[fileFormatOf(row)]}`;
 }
 
 /** A ready export past its expiry is `expired` at once, even before the job has deleted its file. */
@@ -153,7 +156,7 @@ export function exportView(row: ExportRow, nowMs: number) {
   return {
     export_id: row.id,
     status,
-    format: row.format,
+    format: fileFormatOf(row),
     filters: { ...row.filter },
     download_url: status === 'ready' ? downloadPath(row.id) : null,
     file_name: fileNameOf(row),
@@ -233,8 +236,8 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
     await lockOrganization(tx, principal.orgId);
     await assertBelowQuota(tx, principal.orgId, nowMs, rows);
     const [row] = await tx.query<ExportRow>(
-      `INSERT INTO exports (id, org_id, format, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
-       VALUES ($1, $2, $3, 'processing', $4, $5, $6, $7, $8, $8)
+      `INSERT INTO exports (id, org_id, format, json_array, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
+       VALUES ($1, $2, $3, TRUE, 'processing', $4, $5, $6, $7, $8, $8)
        RETURNING *`,
       [newId('exp', nowMs), principal.orgId, format, JSON.stringify(stored), rows, estimatedReadyAt, principal.keyId, createdAt]);
     return row!;
@@ -288,7 +291,7 @@ export async function openDownload(db: Database, orgId: string, exportId: string
   }
   return {
     fileName: fileNameOf(row),
-    contentType: CONTENT_TYPES[row.format],
+    contentType: CONTENT_TYPES[fileFormatOf(row)],
     sizeBytes: Number(row.size_bytes),
     content: readContent(db, row.content_oid, Number(row.size_bytes)),
   };
@@ -346,7 +349,8 @@ async function renewLease(ctx: AppContext, row: ExportRow): Promise<void> {
 export async function buildExport(ctx: AppContext, row: ExportRow): Promise<ExportRow | null> {
   if (row.content_oid === null) throw new Error(`export ${row.id} was not claimed`);
   const writer = new ContentWriter(ctx.db, row.content_oid);
-  const format = formatWriter(row.format);
+  const fileFormat = fileFormatOf(row);
+  const format = formatWriter(fileFormat);
   const filter = buildFilter(row);
   await writer.write(format.head);
   let rowCount = 0;
@@ -382,7 +386,7 @@ export async function buildExport(ctx: AppContext, row: ExportRow): Promise<Expo
       orgId: row.org_id,
       type: 'export.ready',
       walletId: row.filter.wallet_id,
-      summary: `Export ${row.id} is ready: ${rowCount} transactions (${FORMAT_NAMES[row.format]}, ${sizeBytes} bytes)`,
+      summary: `Export ${row.id} is ready: ${rowCount} transactions (${FORMAT_NAMES[fileFormat]}, ${sizeBytes} bytes)`,
       payload: {
         export_id: view.export_id, format: view.format, row_count: view.row_count, size_bytes: view.size_bytes,
         download_url: view.download_url, file_name: view.file_name, expires_at: view.expires_at,

@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { CSV_COLUMNS, csvCell, csvHeader, csvRecord, formatWriter, jsonLine, type ExportFormat } from './formats.ts';
+import { CSV_COLUMNS, csvCell, csvHeader, csvRecord, fileFormatOf, formatWriter, jsonLine, type ExportFormat } from './formats.ts';
 import { transactionView } from '../transactions/views.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
 
@@ -97,4 +97,15 @@ test('a JSON Lines file is one view per line, each ending with a newline; empty 
   const text = fileOf('jsonl', views);
   assert.ok(text.endsWith('}\n'));
   assert.deepEqual(text.split('\n').slice(0, -1).map((line) => JSON.parse(line)), views);
+});
+
+// A `json` export recorded by the release before `jsonl` (json_array NULL: migration 0027 leaves
+// its row as it was) holds JSON Lines; one recorded since holds the array `json` means.
+test('the file format of an export: json recorded before json meant an array is JSON Lines; the rest are as recorded', () => {
+  assert.equal(fileFormatOf({ format: 'json', json_array: null }), 'jsonl');
+  assert.equal(fileFormatOf({ format: 'json', json_array: true }), 'json');
+  for (const format of ['csv', 'jsonl'] as const) {
+    assert.equal(fileFormatOf({ format, json_array: null }), format);
+    assert.equal(fileFormatOf({ format, json_array: true }), format);
+  }
 });

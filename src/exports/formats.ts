@@ -19,6 +19,26 @@ export const FILE_EXTENSIONS: Record<ExportFormat, string> = { csv: 'csv', json:
 /** The format as the export.ready event's summary names it. */
 export const FORMAT_NAMES: Record<ExportFormat, string> = { csv: 'CSV', json: 'JSON', jsonl: 'JSON Lines' };
 
+/** An export's format as its row records it (src/exports/exports.ts ExportRow). */
+export interface RecordedFormat {
+  format: ExportFormat;
+  /** TRUE on every export recorded since `json` means one array; NULL on those recorded before. */
+  json_array: boolean | null;
+}
+
+/**
+ * What an export's file holds, or will hold once built: the one answer for everything that
+ * depends on it (the writer a build uses, the content type and file name of the download, the
+ * view's and the export.ready event's `format`). It is the recorded format, except that `json`
+ * recorded by code from before `json` meant an array (json_array NULL) is JSON Lines, which that
+ * code wrote and promised. Such rows keep `json` (migration 0027 rewrites none): a process of the
+ * previous release, sharing the database during a deploy, reads and records them as it always
+ * did.
+ */
+export function fileFormatOf(row: RecordedFormat): ExportFormat {
+  return row.format === 'json' && row.json_array !== true ? 'jsonl' : row.format;
+}
+
 type Cell = string | number | boolean | null | undefined;
 
 interface Column {
