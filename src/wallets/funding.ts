@@ -16,7 +16,7 @@ import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { awaitSettlement, insertTransaction, type TransactionRow } from '../transactions/settlement.ts';
-import { assertNotArchived, lockWallet, walletNotFound, type WalletRow } from './wallets.ts';
+import { assertNotArchived, assertOrganizationReady, lockWallet, walletNotFound, type WalletRow } from './wallets.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 
@@ -35,14 +35,16 @@ export interface MoveResult {
 }
 
 /**
- * Locks the organisation's reserve. NO KEY UPDATE: it serialises reserve moves as well, but
- * lets other transactions insert rows that reference the organisation (their foreign-key check
- * takes a key-share lock) — one that holds a vault this funding waits for, writing an event,
- * would otherwise wait for the reserve in turn: a deadlock.
+ * Locks the organisation's reserve, refused while the organisation is not set up on chain (a
+ * funding from it would be recorded, sent and refused there). NO KEY UPDATE: it serialises
+ * reserve moves as well, but lets other transactions insert rows that reference the
+ * organisation (their foreign-key check takes a key-share lock) — one that holds a vault this
+ * funding waits for, writing an event, would otherwise wait for the reserve in turn: a deadlock.
  */
 async function lockReserve(tx: Queryable, orgId: string): Promise<bigint> {
-  const rows = await tx.query<{ reserve_balance: bigint }>(
-    'SELECT reserve_balance FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
+  const rows = await tx.query<{ reserve_balance: bigint; chain_status: string }>(
+    'SELECT reserve_balance, chain_status FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
+  assertOrganizationReady(rows[0]!);
   return rows[0]!.reserve_balance;
 }
 
@@ -138,8 +140,13 @@ export async function withdrawFromWallet(
   // The amount must be known to sign; for "all" it is read first and re-checked under the lock
   // (a payment in between changes it: sign again, a few times at most).
   for (let attempt = 0; attempt < 5; attempt += 1) {
-    const [wallet] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, walletId]);
+    // The organisation's state is read with the wallet: a withdrawal goes to its reserve, which
+    // must be set up on chain, and it is refused so before an empty wallet's "nothing to withdraw".
+    const [wallet] = await ctx.db.query<WalletRow & { org_chain_status: string }>(
+      `SELECT w.*, o.chain_status AS org_chain_status FROM wallets w JOIN organizations o ON o.id = w.org_id
+       WHERE w.org_id = $1 AND w.id = $2`, [orgId, walletId]);
     if (!wallet) throw walletNotFound(walletId);
+    assertOrganizationReady({ chain_status: wallet.org_chain_status });
     assertNotArchived(wallet);
     const wanted = amount === 'all' ? wallet.balance : amount;
     if (wanted === 0n) {

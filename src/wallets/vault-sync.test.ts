@@ -171,6 +171,11 @@ describe('vault sync', () => {
     assert.deepEqual(await rowOf(db, wallet.wallet_id),
       { status: 'frozen', policy_id: 'pol_moderate', chain_status: 'pending', sync_holder: null },
       'left pending, its lease released, for the wallets.sync job');
+    // A vault that still disagrees after the sync's last pass is a failed sync: the job tries
+    // again a second later (migration 0029), not at once.
+    const [backedOff] = await db.query<{ sync_failures: number }>('SELECT sync_failures FROM wallets WHERE id = $1', [wallet.wallet_id]);
+    assert.equal(backedOff!.sync_failures, 1);
+    assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 1 } })).status, 200);
     await syncPendingWallets(t.service.ctx);
     assert.equal((await chain.getVault(address(wallet.chain_address)))!.frozen, true, 'the job froze it');
     assert.equal((await rowOf(db, wallet.wallet_id)).chain_status, 'ready');

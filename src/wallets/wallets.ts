@@ -62,6 +62,9 @@ export interface WalletRow {
   last_transaction_at: Date | null;
   archived_at: Date | null;
   provisioned_at: Date | null;
+  /** syncs of it in a row that the chain refused or that failed, and when the wallets.sync job may try again (syncRetryDelayMs) */
+  sync_failures: number;
+  sync_retry_at: Date | null;
 }
 
 /** A wallet row with its policy's summary columns (for views). */
@@ -209,6 +212,26 @@ export function archivedError(wallet: Pick<WalletRow, 'id'>): ServiceError {
 }
 
 /**
+ * Refuses what needs the organisation's reserve on chain while the organisation is not set up
+ * there (`organizations.chain_status` not `ready`: its setup failed, or another key made its
+ * reserve first; docs/operations.md "An organisation stays pending"). The program creates a
+ * vault only under a reserve whose authority is the operator, and moves money only between a
+ * reserve and vaults of that authority: a wallet row or a move recorded now would be sent only to
+ * fail on chain (the wallet then `pending` for good, retried by wallets.sync). Refused before
+ * anything is written. 503, not 4xx: the request is right and succeeds once a start has set the
+ * organisation up, and a 5xx is not kept under its idempotency key (src/http/idempotency.ts), so
+ * that retry is not answered with this refusal. An organisation only ever goes from `pending` to
+ * `ready`, so a `ready` read at any point of a request still holds when it writes.
+ */
+export function assertOrganizationReady(org: { chain_status: string }): void {
+  if (org.chain_status === 'ready') return;
+  throw new ServiceError('service_unavailable',
+    'Your organisation is not set up on chain yet: no vault can be created, funded or withdrawn from until it is, '
+    + 'and retrying will not help before then. The service\'s operator can see why '
+    + '(docs/operations.md, "An organisation stays pending").');
+}
+
+/**
  * The policy exists and has not expired, and stays so until the caller's transaction ends: the
  * share lock makes a concurrent delete wait, then see the wallet attached (policy_in_use). A vault
  * attached to an expired policy could pay nothing and would never be frozen by the expiry (that
@@ -268,6 +291,8 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
   const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, input.agentId);
   const walletId = await ctx.db.transaction(async (tx) => {
     await lockOrganization(tx, orgId);
+    const [org] = await tx.query<{ chain_status: string }>('SELECT chain_status FROM organizations WHERE id = $1', [orgId]);
+    assertOrganizationReady(org!);
     await assertPolicyUsable(tx, orgId, input.policyId, ctx.clock);
     const known = await tx.query('SELECT 1 FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
     if (known.length === 0) {
@@ -357,6 +382,11 @@ class SyncLeaseLost extends Error {}
  * holds the wallet (it stays `pending` for that sync or the wallets.sync job), or took it over.
  * A chain refusal (settled: nothing in flight) releases the lease; a call that failed otherwise
  * keeps it until it lapses, since what it sent may still land.
+ *
+ * Runs whatever the wallet's back-off (migration 0029): a user's change tries at once. A sync
+ * that ends refused, failed, or with a vault that still disagrees after its last pass counts one
+ * more failure and puts the wallets.sync job's next try later (syncRetryDelayMs); one whose
+ * sends the chain took clears the count.
  */
 export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<boolean> {
   const holder = randomUUID();
@@ -371,8 +401,24 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
       [walletId, holder, new Date(ctx.clock.nowMs() + WALLET_SYNC_LEASE_MS)]);
     if (!renewed.length) throw new SyncLeaseLost();
   };
-  const release = (q: Queryable) =>
-    q.query('UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL WHERE id = $1 AND sync_holder = $2', [walletId, holder]);
+  /**
+   * The back-off this sync leaves: cleared, or one failure more (only the lease's holder writes
+   * the count, so the claimed row's is still current) and the time the job may try again.
+   */
+  const backOff = (why: string | null): [number, Date | null] => {
+    if (why === null) return [0, null];
+    const failures = claimed.sync_failures + 1;
+    const retryAt = new Date(ctx.clock.nowMs() + syncRetryDelayMs(failures));
+    if (failures >= SYNC_FAILURES_WARNED) {
+      ctx.log.warn({ walletId, vault: claimed.chain_address, failures, retryAt, why },
+        'the vault of a wallet keeps failing to sync on chain; trying again later and later');
+    }
+    return [failures, retryAt];
+  };
+  /** Gives the wallet up, the back-off cleared (why null) or counted. */
+  const release = (q: Queryable, why: string | null) =>
+    q.query(`UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL, sync_failures = $3, sync_retry_at = $4
+             WHERE id = $1 AND sync_holder = $2`, [walletId, holder, ...backOff(why)]);
   let wallet = claimed;
   for (let pass = 1; ; pass += 1) {
     let sent: VaultPass;
@@ -380,10 +426,13 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
       sent = await sendVaultChanges(ctx, orgId, wallet, renew);
     } catch (error) {
       if (error instanceof SyncLeaseLost) return false;
+      // What it sent may still land: the lease is kept until it lapses; the failure is counted.
+      await ctx.db.query('UPDATE wallets SET sync_failures = $3, sync_retry_at = $4 WHERE id = $1 AND sync_holder = $2',
+        [walletId, holder, ...backOff(error instanceof Error ? error.message : String(error))]);
       throw error;
     }
     if ('refused' in sent) {
-      await release(ctx.db);
+      await release(ctx.db, sent.refused);
       throw new Error(sent.refused);
     }
     if (!sent.agrees) {
@@ -407,17 +456,29 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
       }
       if (!sent.agrees || current.updated_at.getTime() !== wallet.updated_at.getTime()) return current;
       await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
-      await release(tx);
+      await release(tx, null);
       return 'done';
     });
     if (outcome === 'done') return true;
     if (outcome === 'lost') return false;
     if (pass === SYNC_PASSES_MAX) {
-      await release(ctx.db);
+      // Out of passes: a wallet that kept changing is no failure of the chain's; a vault that
+      // still disagrees after the chain took the last pass's sends is.
+      await release(ctx.db, sent.agrees ? null : `vault ${wallet.chain_address} read back still disagrees after ${pass} passes`);
       return true;
     }
     wallet = outcome;
   }
+}
+
+/** The first failed sync of a wallet is tried again by the job after a second, each next one after twice as long, at most an hour. */
+const SYNC_RETRY_FIRST_MS = 1_000;
+const SYNC_RETRY_MAX_MS = 60 * 60 * 1000;
+/** From this many failed syncs of one wallet in a row on, each is logged as a warning. */
+const SYNC_FAILURES_WARNED = 5;
+
+export function syncRetryDelayMs(failures: number): number {
+  return Math.min(SYNC_RETRY_MAX_MS, SYNC_RETRY_FIRST_MS * 2 ** Math.min(30, Math.max(0, failures - 1)));
 }
 
 /** A pass's end: the chain refused (why), or the vault as read after its sends agrees with the row or not. */
@@ -485,16 +546,28 @@ async function readVault(ctx: Ctx, vault: Address) {
 
 const SYNC_BATCH_MAX = 50;
 
-/** The `wallets.sync` job: every wallet whose chain state lags, a bounded batch per run. */
+/**
+ * The `wallets.sync` job: every wallet whose chain state lags, a bounded batch per run. Only
+ * wallets whose retry time has come (a failed sync puts it later: syncRetryDelayMs) and that no
+ * sync holds, the one due longest first: its retry time, or for one that has not failed since
+ * it became pending, its last change. Before, the 50 oldest changes were taken on every run
+ * and a refusal changed nothing about them, so 50 vaults the chain keeps refusing held every
+ * place of every batch and no other wallet synced again.
+ */
 export async function syncPendingWallets(ctx: Ctx): Promise<number> {
+  const now = new Date(ctx.clock.nowMs());
   const pending = await ctx.db.query<{ id: string; org_id: string }>(
-    `SELECT id, org_id FROM wallets WHERE chain_status = 'pending' ORDER BY updated_at LIMIT ${SYNC_BATCH_MAX}`);
+    `SELECT id, org_id FROM wallets
+     WHERE chain_status = 'pending' AND (sync_retry_at IS NULL OR sync_retry_at <= $1)
+       AND (sync_lease_until IS NULL OR sync_lease_until <= $1)
+     ORDER BY COALESCE(sync_retry_at, updated_at), id LIMIT ${SYNC_BATCH_MAX}`, [now]);
   let synced = 0;
   for (const wallet of pending) {
     try {
       if (await syncWalletToChain(ctx, wallet.org_id, wallet.id)) synced += 1;
     } catch (error) {
-      ctx.log.warn({ err: error, walletId: wallet.id }, 'wallet chain sync failed; retrying on the next run');
+      // Counted in its back-off, and a warning from the fifth failure in a row on (syncWalletToChain).
+      ctx.log.info({ err: error, walletId: wallet.id }, 'wallet chain sync failed; retrying at its retry time');
     }
   }
   return synced;

@@ -1,0 +1,159 @@
+/**
+ * The wallets.sync job backs off per wallet (migration 0029, docs/wallets.md "The chain follows
+ * the database"): a sync the chain refuses is tried again after 1 s, 2 s, 4 s, … at most an hour,
+ * so wallets the chain keeps refusing never hold up another wallet's sync; a user's change tries
+ * at once whatever the back-off; a sync that lands clears it.
+ *
+ * The refusals are real: vaults of an organisation whose setup on chain never landed (rows such
+ * an organisation was given before its wallets were refused), which the program refuses to
+ * create without the organisation's reserve. The real database, validator and job function.
+ */
+import assert from 'node:assert/strict';
+import { Writable } from 'node:stream';
+import { after, before, describe, test } from 'node:test';
+import { address } from '@solana/kit';
+import pino from 'pino';
+import type { ChainClient } from '../chain/client.ts';
+import { newId } from '../ids/ids.ts';
+import { bootstrapOrganizations, createOrganization } from '../organizations/organizations.ts';
+import { startTestService, type TestService } from '../../test/harness.ts';
+import { unique } from '../../test/fixtures.ts';
+import { syncPendingWallets, syncRetryDelayMs, syncWalletToChain } from './wallets.ts';
+
+interface SyncState {
+  id: string;
+  chain_status: string;
+  sync_failures: number;
+  sync_retry_at: Date | null;
+}
+
+describe('the wallets.sync back-off', () => {
+  let t: TestService;
+  before(async () => { t = await startTestService({ workers: false }); });
+  after(async () => { await t.close(); });
+
+  /** The service's chain, whose sends all fail, as with an operator key that cannot pay fees. */
+  const unfundedChain = (): ChainClient => new Proxy(t.service.ctx.chain, {
+    get(target, property) {
+      if (property === 'execute') return async () => { throw new Error('the operator cannot pay the fee'); };
+      const value = Reflect.get(target, property) as unknown;
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
+
+  async function pendingOrganization(): Promise<string> {
+    let orgId: string | null = null;
+    await assert.rejects(createOrganization({ ...t.service.ctx, chain: unfundedChain() }, {
+      name: 'Setup failed', onCreated: (id) => { orgId = id; },
+    }), /cannot pay the fee/);
+    assert.ok(orgId);
+    return orgId;
+  }
+
+  /** `count` wallets of `orgId` waiting for their vault since `sinceMs`, as the earlier createWallet left them. */
+  async function unprovisionedWallets(orgId: string, count: number, sinceMs: number): Promise<string[]> {
+    const { ctx } = t.service;
+    const ids: string[] = [];
+    for (let i = 0; i < count; i += 1) {
+      const agentId = unique('refused');
+      const { vault, vaultToken } = await ctx.chain.vaultAddresses(orgId, agentId);
+      const id = newId('wal', sinceMs);
+      await ctx.db.query(
+        `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, created_at, updated_at)
+         VALUES ($1, $2, $3, 'Refused', 'pol_moderate', '{}', 'active', $4, $5, $6, $6)`,
+        [id, orgId, agentId, vault, vaultToken, new Date(sinceMs)]);
+      ids.push(id);
+    }
+    return ids;
+  }
+
+  async function statesOf(ids: string[]): Promise<Map<string, SyncState>> {
+    const rows = await t.service.ctx.db.query<SyncState>(
+      'SELECT id, chain_status, sync_failures, sync_retry_at FROM wallets WHERE id = ANY($1)', [ids]);
+    return new Map(rows.map((row) => [row.id, row]));
+  }
+
+  test('the retry delay doubles from 1 s and stops at an hour', () => {
+    assert.deepEqual([1, 2, 3, 4, 5, 12, 13, 40, 1_000].map(syncRetryDelayMs),
+      [1_000, 2_000, 4_000, 8_000, 16_000, 2_048_000, 3_600_000, 3_600_000, 3_600_000]);
+  });
+
+  // Before, the job took `ORDER BY updated_at LIMIT 50` on every run and a refusal changed
+  // nothing it looked at: 51 wallets the chain keeps refusing held every place of every batch,
+  // and no other wallet (another organisation's here) synced again.
+  test('51 wallets the chain keeps refusing do not hold up a healthy pending wallet; their retry times grow', async () => {
+    const { ctx } = t.service;
+    const orgId = await pendingOrganization();
+    const refused = await unprovisionedWallets(orgId, 51, ctx.clock.nowMs() - 60_000);
+    const created = await t.request('POST', '/v1/wallets', { body: { agentId: unique('healthy'), label: 'Healthy', policyId: 'pol_moderate' } });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    const healthy = created.body as { wallet_id: string; chain_address: string };
+    // As if the process died between committing a freeze and sending it to the chain.
+    await ctx.db.query(`UPDATE wallets SET status = 'frozen', chain_status = 'pending', updated_at = $2 WHERE id = $1`,
+      [healthy.wallet_id, new Date(ctx.clock.nowMs())]);
+
+    const firstRunStartMs = ctx.clock.nowMs();
+    await syncPendingWallets(ctx);
+    const firstRunEndMs = ctx.clock.nowMs();
+    const first = await statesOf(refused);
+    await syncPendingWallets(ctx);
+    assert.equal((await statesOf([healthy.wallet_id])).get(healthy.wallet_id)!.chain_status, 'ready', 'the healthy wallet synced');
+    assert.equal((await ctx.chain.getVault(address(healthy.chain_address)))!.frozen, true, 'its vault is frozen on chain');
+
+    // The first run took the 50 oldest; each is tried again a second after its refusal.
+    const tried = [...first.values()].filter((state) => state.sync_failures > 0);
+    assert.equal(tried.length, 50);
+    for (const state of tried) {
+      assert.equal(state.sync_failures, 1);
+      const retryAtMs = state.sync_retry_at!.getTime();
+      assert.ok(retryAtMs >= firstRunStartMs + 1_000 && retryAtMs <= firstRunEndMs + 1_000, `${state.id}: retry 1 s after its refusal`);
+    }
+    const second = await statesOf(refused);
+    for (const state of second.values()) assert.equal(state.chain_status, 'pending');
+
+    // Every one of them is due again: each is tried once more, and its next try waits longer.
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 10 } });
+    const againStartMs = ctx.clock.nowMs();
+    await syncPendingWallets(ctx);
+    await syncPendingWallets(ctx);
+    const againEndMs = ctx.clock.nowMs();
+    const third = await statesOf(refused);
+    for (const [id, state] of third) {
+      const before = second.get(id)!;
+      assert.ok(state.sync_failures > before.sync_failures, `${id}: ${before.sync_failures} then ${state.sync_failures} failures`);
+      const delayMs = syncRetryDelayMs(state.sync_failures);
+      assert.ok(delayMs >= 2 * syncRetryDelayMs(before.sync_failures));
+      const failedAtMs = state.sync_retry_at!.getTime() - delayMs;
+      assert.ok(failedAtMs >= againStartMs && failedAtMs <= againEndMs, `${id}: retry ${delayMs} ms after its failure`);
+    }
+  });
+
+  test('a user\'s change tries at once whatever the back-off; a sync that lands clears it; a warning from the fifth failure on', async () => {
+    const { ctx } = t.service;
+    const orgId = await pendingOrganization();
+    const [walletId] = await unprovisionedWallets(orgId, 1, ctx.clock.nowMs());
+    const warnings: Array<{ failures: number }> = [];
+    const log = pino({ level: 'warn' }, new Writable({
+      write(chunk: Buffer, _encoding, done) { warnings.push(JSON.parse(chunk.toString()) as { failures: number }); done(); },
+    }));
+    for (let failures = 1; failures <= 5; failures += 1) {
+      await assert.rejects(syncWalletToChain({ ...ctx, log }, orgId, walletId!), /creating vault .* failed/);
+      const state = (await statesOf([walletId!])).get(walletId!)!;
+      assert.equal(state.sync_failures, failures);
+      assert.deepEqual(warnings.map((warning) => warning.failures), failures < 5 ? [] : [5]);
+    }
+    const backedOff = (await statesOf([walletId!])).get(walletId!)!;
+    assert.ok(backedOff.sync_retry_at!.getTime() > ctx.clock.nowMs() + 10_000, 'the job waits 16 s');
+    await syncPendingWallets(ctx);
+    assert.equal((await statesOf([walletId!])).get(walletId!)!.sync_failures, 5, 'not the job\'s to try yet');
+
+    // The organisation is set up by the next start; the user's freeze then syncs at once.
+    await bootstrapOrganizations(ctx, null, { onPendingFailed: () => {} });
+    const key = await t.createKey('admin', orgId);
+    const frozen = await t.request('PATCH', `/v1/wallets/${walletId}`, { key, body: { status: 'frozen' } });
+    assert.equal(frozen.status, 200, JSON.stringify(frozen.body));
+    const state = (await statesOf([walletId!])).get(walletId!)!;
+    assert.deepEqual(state, { id: walletId, chain_status: 'ready', sync_failures: 0, sync_retry_at: null });
+    assert.equal((await ctx.chain.getVault(address(frozen.body.chain_address)))!.frozen, true);
+  });
+});
