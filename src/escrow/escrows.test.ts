@@ -980,4 +980,29 @@ describe('escrow', () => {
       assert.equal(response.body.error.code, 'session_token_expired');
     }
   });
+
+  // Guarantee (docs/recipients.md): the receiver is judged by every category the requester's
+  // directory gives its address; a domain of its own with another category hides none of them.
+  test('a receiver is judged by every category the directory gives its address: an older entry\'s category does not hide a blocked one', async () => {
+    const from = await fundedWallet(t, '10', await newPolicy(t, { blockedCategories: ['gambling'] }));
+    const to = await fundedWallet(t, '0.5');
+    for (const [name, category] of [['shop', 'shopping'], ['casino', 'gambling']] as const) {
+      const added = await t.request('POST', '/v1/recipients', { body: { domain: `${unique(name)}.example`, address: to.chain_address, category } });
+      assert.equal(added.status, 200, JSON.stringify(added.body));
+    }
+    for (const toWallet of [to.chain_address, to.wallet_id]) {
+      const refused = await open(from, toWallet);
+      assert.equal(refused.status, 402, `${toWallet}: ${JSON.stringify(refused.body)}`);
+      assert.deepEqual(refused.body.error.violation, { rule: 'blocked_categories', limit: 'gambling', attempted: 'gambling' });
+      const send = (await t.request('GET', `/v1/transactions/${refused.body.error.tx_id}`)).body;
+      assert.deepEqual([send.type, send.status, send.category], ['a2a_send', 'blocked', 'gambling'], 'recorded under the category that refused it');
+      const intent = {
+        wallet: send.wallet_id, recipient: send.recipient, amount: send.amount, currency: send.currency, memo: send.memo,
+        category: send.category, time: send.attested_at,
+      };
+      assert.equal(send.agent_attestation_hash, `sha256:${createHash('sha256').update(canonicalJson(intent)).digest('hex')}`, 'and hashed with it');
+    }
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    assert.equal((await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`)).body.data.length, 0, 'nothing locked');
+  });
 });

@@ -31,7 +31,7 @@ import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-s
 import {
   EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
-import { recipientEntrySql, serviceAccountSql } from '../recipients/recipients.ts';
+import { addressCategories, serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
 import {
   assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
@@ -164,16 +164,10 @@ interface Receiver {
   address: string;
   walletId: string | null;
   orgId: string | null;
-  /** the category the payer's recipient directory gives its address (blockedCategories applies to escrows too) */
+  /** the category the payer's recipient directory gives its address, recorded and hashed (an entry with one first, the oldest) */
   category: string | null;
-}
-
-/** The category the organisation's directory gives `address` (an entry with one first), or null. */
-async function directoryCategory(q: Queryable, orgId: string, address: string): Promise<string | null> {
-  const [entry] = await q.query<{ category: string | null }>(
-    `SELECT e.category FROM (SELECT $1::text AS org_id, $2::text AS address, NULL::text AS domain) k
-     JOIN LATERAL (${recipientEntrySql('k')}) e ON TRUE`, [orgId, address]);
-  return entry?.category ?? null;
+  /** every category that directory gives its address: blockedCategories judges them all, as for a payment */
+  categories: string[];
 }
 
 /** The receiver as the request names it: a vault id of the organisation, or any chain address. */
@@ -184,7 +178,7 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
     assertNotArchived(wallet);
     return {
       address: wallet.chain_address, walletId: wallet.id, orgId: wallet.org_id,
-      category: await directoryCategory(q, orgId, wallet.chain_address),
+      ...await addressCategories(q, orgId, wallet.chain_address),
     };
   }
   let receiver: Address;
@@ -205,7 +199,7 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
         + 'an escrow pays a vault or an address outside the service.', { param: 'to_wallet' });
   }
   if (found?.status === 'archived') throw receiverArchived(receiver);
-  return { address: receiver, walletId: found?.id ?? null, orgId: found?.org_id ?? null, category: await directoryCategory(q, orgId, receiver) };
+  return { address: receiver, walletId: found?.id ?? null, orgId: found?.org_id ?? null, ...await addressCategories(q, orgId, receiver) };
 }
 
 /** A receiving vault archived, named by its address (it may be another organisation's). */
@@ -303,10 +297,11 @@ export async function createEscrow(
       const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
       const rules = await rulesFor(tx, wallet);
       const decision = evaluate(rules, spendStateOf(windows), {
-        amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: receiver.category, atMs: recordedMs,
+        amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: receiver.category,
+        categories: receiver.categories, atMs: recordedMs,
       });
       const asPayment = { walletId: wallet.id, to: input.toWallet, amount: input.amount, memo: null, category: receiver.category };
-      const asRecipient = { address: receiver.address, category: receiver.category, domain: null, recipientId: null };
+      const asRecipient = { address: receiver.address, category: receiver.category, categories: receiver.categories, domain: null, recipientId: null };
       if (!decision.allowed) {
         await recordBlocked(tx, recordedMs, wallet, asPayment, asRecipient, attestation,
           decision.violation, sendTxId, 'a2a_send', nowMs);

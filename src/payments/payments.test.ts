@@ -4,12 +4,14 @@
  */
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
+import { createServer as createNetServer, type AddressInfo } from 'node:net';
 import { after, before, describe, test, type TestContext } from 'node:test';
-import { address } from '@solana/kit';
+import { address, createSolanaRpc } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
+import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
 import { canonicalJson, requestHash } from '../http/idempotency.ts';
 import { spendWindowsAt } from './spend-state.ts';
@@ -630,6 +632,207 @@ describe('payments', () => {
       await t.service.jobs.runOnce();
     }
     assert.equal((await t.request('GET', `/v1/payments/${paid.body.tx_id}`)).body.status, 'confirmed');
+  });
+
+  /** The attestation hash recomputed from a transaction view's fields (docs/payments.md, "Attestation hash"). */
+  const hashOfView = (view: Record<string, unknown>) => `sha256:${createHash('sha256').update(canonicalJson({
+    wallet: view.wallet_id, recipient: view.recipient, amount: view.amount, currency: view.currency, memo: view.memo,
+    category: view.category, time: view.attested_at,
+  })).digest('hex')}`;
+
+  /** One address X named by two domains of the directory: the older `shopping`, the newer `gambling`. */
+  const sharedAddress = async () => {
+    const x = await newRecipient();
+    const ids: Record<string, string> = {};
+    const domains = { shop: `${unique('shop')}.example`, casino: `${unique('casino')}.example` };
+    for (const [name, category] of [['shop', 'shopping'], ['casino', 'gambling']] as const) {
+      const added = await t.request('POST', '/v1/recipients', { body: { domain: domains[name], address: x, category } });
+      assert.equal(added.status, 200, JSON.stringify(added.body));
+      ids[name] = added.body.recipient_id;
+    }
+    return { x, ...domains, ids };
+  };
+  const GAMBLING = { rule: 'blocked_categories', limit: 'gambling', attempted: 'gambling' };
+
+  // Guarantee (docs/recipients.md): a category the directory gives an address blocks a payment to
+  // it however the payer names it: the address, or another domain with a category of its own.
+  test('blocked_categories judges every category the directory gives the address: neither another domain nor the bare address dodges it', async () => {
+    const { x, shop, casino, ids } = await sharedAddress();
+    const wallet = await fundedWallet(t, '5', await newPolicy(t, { blockedCategories: ['gambling'] }));
+    for (const to of [shop, x, casino]) {
+      const check = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '1', category: 'food' } });
+      assert.equal(check.status, 200, JSON.stringify(check.body));
+      assert.deepEqual([check.body.allowed, check.body.reason, check.body.violation], [false, 'policy_violation', GAMBLING], `check ${to}`);
+      const paid = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC', category: 'food' } });
+      assert.equal(paid.status, 402, `pay ${to}: ${JSON.stringify(paid.body)}`);
+      assert.deepEqual(paid.body.error.violation, GAMBLING, `pay ${to}`);
+      // Recorded under the category that refused it, and hashed with it.
+      const view = (await t.request('GET', `/v1/transactions/${paid.body.error.tx_id}`)).body;
+      assert.equal(view.category, 'gambling', to);
+      assert.equal(view.agent_attestation_hash, hashOfView(view), to);
+    }
+    assert.equal(await t.service.ctx.chain.getUsdcBalance(address(x)), 0n, 'nothing was paid');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '5.00');
+
+    // Under a policy that blocks neither, a payment counts under its own entry's category, as before.
+    const open = await fundedWallet(t, '5');
+    const made = await t.request('POST', '/v1/payments', { body: { walletId: open.wallet_id, to: shop, amount: '1', currency: 'USDC' } });
+    assert.equal(made.status, 200, JSON.stringify(made.body));
+    assert.equal(made.body.category, 'shopping');
+    const bare = await t.request('POST', '/v1/payments', { body: { walletId: open.wallet_id, to: x, amount: '1', currency: 'USDC' } });
+    assert.equal(bare.body.category, 'shopping', 'a bare address: its oldest categorised entry\'s');
+
+    // Live entries only: once the gambling domain is deleted, the address is judged by what is left.
+    assert.equal((await t.request('DELETE', `/v1/recipients/${ids.casino}`)).status, 200);
+    const after = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: shop, amount: '1', currency: 'USDC' } });
+    assert.equal(after.status, 200, JSON.stringify(after.body));
+    assert.equal(after.body.category, 'shopping');
+  });
+
+  // Guarantee (docs/payments.md, co-signature): the approval re-checks the rules against the
+  // categories the directory gave the address when the payment was made, not only the one shown.
+  test('an approval judges every category the directory gave the address when the payment was made', async () => {
+    const { shop, ids } = await sharedAddress();
+    const policyId = await newPolicy(t, { requireCoSign: '1' });
+    const wallet = await fundedWallet(t, '5', policyId);
+    const waiting = (await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: shop, amount: '2', currency: 'USDC' } })).body;
+    assert.equal(waiting.approval?.status, 'awaiting', JSON.stringify(waiting));
+    assert.equal(waiting.category, 'shopping');
+    assert.equal((await t.request('PATCH', `/v1/policies/${policyId}`, { body: { blockedCategories: ['gambling'] } })).status, 200);
+    // The recipient is not resolved again: a directory change after the payment changes nothing.
+    assert.equal((await t.request('DELETE', `/v1/recipients/${ids.casino}`)).status, 200);
+    const refused = await t.request('POST', `/v1/payments/${waiting.tx_id}/approve`);
+    assert.equal(refused.status, 402, JSON.stringify(refused.body));
+    assert.deepEqual(refused.body.error.violation, GAMBLING);
+    const view = (await t.request('GET', `/v1/transactions/${waiting.tx_id}`)).body;
+    assert.deepEqual([view.status, view.approval.status, view.category], ['blocked', 'approved', 'gambling']);
+    assert.equal(view.agent_attestation_hash, hashOfView(view));
+    assert.equal(await balanceOf(t, wallet.wallet_id), '5.00');
+  });
+
+  // Guarantee (docs/decisions.md): two requests meaning the same payment hash alike. A domain is
+  // recorded, hashed, compared for idempotency and filtered in its directory (lowercase) form.
+  test('a domain typed in any case is recorded, hashed and filtered as the directory spells it; a category in any case is taken lowercase', async () => {
+    const domain = `api.${unique('shop')}.example`;
+    const mixed = domain.replace(/(^|\.)([a-z])/g, (letter) => letter.toUpperCase());
+    assert.notEqual(mixed, domain);
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain, address: await newRecipient() } })).status, 200);
+    const wallet = await fundedWallet(t, '5');
+    const pay = (to: string, extra: Record<string, unknown> = {}) =>
+      t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC', memo: 'same', ...extra } });
+    const key = unique('case');
+    const made = [await pay(mixed, { idempotencyKey: key }), await pay(domain)];
+    for (const paid of made) {
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+      const view = (await t.request('GET', `/v1/transactions/${paid.body.tx_id}`)).body;
+      assert.equal(view.recipient, domain, 'stored lowercase');
+      assert.equal(view.agent_attestation_hash, hashOfView(view), 'hashed as stored');
+    }
+    const replay = await pay(` ${domain.toUpperCase()} `, { idempotencyKey: key });
+    assert.equal(replay.status, 200, JSON.stringify(replay.body));
+    assert.equal(replay.headers['idempotency-replayed'], 'true', 'the same payment, not an idempotency conflict');
+    assert.equal(replay.body.tx_id, made[0]!.body.tx_id);
+    const listed = (await t.request('GET', `/v1/transactions?recipient=${domain}&walletId=${wallet.wallet_id}`)).body.data as Array<{ tx_id: string }>;
+    assert.deepEqual(listed.map((row) => row.tx_id).sort(), made.map((paid) => paid.body.tx_id).sort(), 'one filter finds both');
+
+    // The directory stores categories lowercase; a request's category is read the same way.
+    const to = await newRecipient();
+    const check = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '1', category: 'Food' } });
+    assert.equal(check.status, 200, JSON.stringify(check.body));
+    const food = await pay(to, { category: 'Food' });
+    assert.equal(food.status, 200, JSON.stringify(food.body));
+    assert.equal(food.body.category, 'food');
+    assert.equal(food.body.agent_attestation_hash, hashOfView(food.body));
+    const blocked = await fundedWallet(t, '5', await newPolicy(t, { blockedCategories: ['food'] }));
+    const refused = await t.request('POST', '/v1/payments', { body: { walletId: blocked.wallet_id, to, amount: '1', currency: 'USDC', category: 'FOOD' } });
+    assert.deepEqual(refused.body.error?.violation, { rule: 'blocked_categories', limit: 'food', attempted: 'food' }, JSON.stringify(refused.body));
+  });
+
+  test('an allowlist names any domain the directory takes, such as pay.svc.corp1 (a top label with a digit)', async () => {
+    const to = await newRecipient();
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: 'Pay.Svc.Corp1', address: to } })).status, 200);
+    const created = await t.request('POST', '/v1/policies', { body: { name: unique('corp'), allowedRecipients: ['PAY.svc.corp1'] } });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    assert.deepEqual(created.body.allowed_recipients, ['pay.svc.corp1']);
+    const wallet = await fundedWallet(t, '5', created.body.policy_id);
+    const paid = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: 'pay.svc.corp1', amount: '1', currency: 'USDC' } });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    assert.equal(await t.service.ctx.chain.getUsdcBalance(address(to)), 1_000_000n);
+    const stranger = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
+    assert.equal(stranger.body.error?.violation?.rule, 'allowed_recipients', JSON.stringify(stranger.body));
+  });
+
+  /** A chain client with the service's keys whose RPC endpoint refuses connections: a cluster that is down. */
+  async function unreachableChain(): Promise<ChainClient> {
+    const { chain } = t.service.ctx;
+    const server = createNetServer();
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const { port } = server.address() as AddressInfo;
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+    return new ChainClient({
+      rpc: createSolanaRpc(`http://127.0.0.1:${port}`), programId: chain.programId, usdcMint: chain.usdcMint,
+      operator: chain.operator, arbiter: chain.arbiter, callTimeoutMs: 2_000,
+    });
+  }
+
+  // Guarantee: whether a payment awaits approval is answered from the database alone, so a
+  // second click on approve says 400 (not 503) while the chain does not answer.
+  test('approving a payment that is not awaiting is 400 without the chain, even while the chain is down', async () => {
+    const wallet = await fundedWallet(t, '10', await newPolicy(t, { requireCoSign: '1' }));
+    const pay = async (amount: string) => (await t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to: await newRecipient(), amount, currency: 'USDC' },
+    })).body;
+    const approved = await pay('2');
+    assert.equal((await t.request('POST', `/v1/payments/${approved.tx_id}/approve`)).body.status, 'confirmed');
+    const rejected = await pay('2');
+    assert.equal((await t.request('POST', `/v1/payments/${rejected.tx_id}/reject`)).body.status, 'blocked');
+    const plain = await pay('1');
+    assert.equal(plain.status, 'confirmed');
+    const awaiting = await pay('2');
+    assert.equal(awaiting.approval?.status, 'awaiting');
+
+    const { chain } = t.service.ctx;
+    const down = await unreachableChain();
+    t.service.ctx.chain = down;
+    try {
+      for (const txId of [approved.tx_id, rejected.tx_id, plain.tx_id]) {
+        const again = await t.request('POST', `/v1/payments/${txId}/approve`);
+        assert.equal(again.status, 400, `${txId}: ${JSON.stringify(again.body)}`);
+        assert.deepEqual([again.body.error.code, again.body.error.param], ['invalid_request', 'tx_id']);
+      }
+      // The chain is really down: one that does await its approval cannot be signed.
+      const needsChain = await t.request('POST', `/v1/payments/${awaiting.tx_id}/approve`);
+      assert.equal(needsChain.status, 503, JSON.stringify(needsChain.body));
+    } finally {
+      t.service.ctx.chain = chain;
+      down.close();
+    }
+    assert.equal((await t.request('GET', `/v1/transactions/${awaiting.tx_id}`)).body.approval.status, 'awaiting', 'left as it was');
+    assert.equal(await balanceOf(t, wallet.wallet_id), '7.00');
+  });
+
+  // Guarantee: approve locks the payment's row before its vault's, in the order settlement takes
+  // them (its UPDATE of the row, then the failed rule's of the vault): an approval clicked again
+  // while the first one's chain failure is being settled waits for it instead of deadlocking.
+  test('an approval behind a settlement holding the payment\'s row and then taking its vault\'s waits, without a deadlock', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const wallet = await fundedWallet(t, '10', await newPolicy(t, { requireCoSign: '1' }));
+      const waiting = (await t.request('POST', '/v1/payments', {
+        body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' },
+      })).body;
+      assert.equal(waiting.approval?.status, 'awaiting');
+      const held = await holdLocks(other,
+        (tx) => tx.query('UPDATE transactions SET updated_at = updated_at WHERE id = $1', [waiting.tx_id]),
+        (tx) => tx.query('UPDATE wallets SET balance = balance WHERE id = $1', [wallet.wallet_id]));
+      const approved = await queuedRequest(t.service.ctx.db, held, () => t.request('POST', `/v1/payments/${waiting.tx_id}/approve`));
+      assert.equal(approved.status, 200, JSON.stringify(approved.body));
+      assert.equal(approved.body.status, 'confirmed');
+      assert.equal(await balanceOf(t, wallet.wallet_id), '8.00');
+    } finally {
+      await other.close();
+    }
   });
 });
 

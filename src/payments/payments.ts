@@ -98,19 +98,39 @@ export async function rulesFor(q: Queryable, wallet: WalletRow) {
 
 
 /**
+ * The category a refused spend is recorded under, and the attestation hash that goes with it: the
+ * category that refused it when the rule is `blocked_categories` (the one it was judged by, which
+ * may be another than the one it was signed with: every category of its address is judged), the
+ * hash then made again over the same intent with that category, so that it stays reproducible
+ * from the transaction view. Otherwise both as signed.
+ */
+export function judgedRecord(
+  intent: Omit<Parameters<typeof attestationHashOf>[0], 'category'>, signed: { category: string | null; attestation: string },
+  violation: Violation,
+): { category: string | null; attestation: string } {
+  if (violation.rule !== 'blocked_categories' || violation.attempted === signed.category) return signed;
+  const category = String(violation.attempted);
+  return { category, attestation: attestationHashOf({ ...intent, category }) };
+}
+
+/**
  * Records a spend the policy refused (a payment, or an escrow's `a2a_send`): `blocked`, with its
- * violation, the vault marked as in violation, and `transaction.blocked`.
+ * violation, the vault marked as in violation, and `transaction.blocked`. `attestation` is the
+ * hash signed at `attestedAtMs`; see `judgedRecord` for the category recorded.
  */
 export async function recordBlocked(
   tx: Queryable, nowMs: number, wallet: WalletRow, input: PaymentInput, recipient: ResolvedRecipient, attestation: string,
-  violation: Violation, txId?: string, type: 'payment' | 'a2a_send' = 'payment', attestedAtMs?: number,
+  violation: Violation, txId: string | undefined, type: 'payment' | 'a2a_send', attestedAtMs: number,
 ): Promise<TransactionRow> {
+  const judged = judgedRecord(
+    { walletId: wallet.id, recipient: input.to, amount: input.amount, currency: 'USDC', memo: input.memo, atMs: attestedAtMs },
+    { category: recipient.category, attestation }, violation);
   const row = await insertTransaction(tx, nowMs, {
     attestedAtMs,
     id: txId, orgId: wallet.org_id, walletId: wallet.id, type, status: 'blocked', amount: input.amount,
-    recipient: input.to, policyId: wallet.policy_id, memo: input.memo, attestationHash: attestation,
+    recipient: input.to, policyId: wallet.policy_id, memo: input.memo, attestationHash: judged.attestation,
     signature: null, lastValidBlockHeight: null, policyTriggered: true, violation,
-    recipientAddress: recipient.address, category: recipient.category,
+    recipientAddress: recipient.address, category: judged.category,
   });
   await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
   await writeBlockedEvent(tx, nowMs, wallet, row.id, input.amount, input.to, violation);
@@ -233,7 +253,7 @@ interface PaymentRead {
 
 type PaymentReadRow = WalletWithPolicy & {
   request_index: bigint; recipient_entry_id: string | null; recipient_entry_address: string; recipient_entry_category: string | null;
-  recipient_service_account: boolean;
+  recipient_entry_categories: string[] | null; recipient_service_account: boolean;
 };
 
 /** The reads of concurrent payment requests are made together, one statement for a group (src/db/group-commit.ts). */
@@ -253,7 +273,8 @@ const PAYMENT_READ_ONE = '(SELECT $1::text AS org_id, $2::text AS wallet_id, $3:
 const PAYMENT_READ_MANY = 'unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS k(org_id, wallet_id, address, domain, request_index)';
 const paymentReadSql = (source: string) =>
   `SELECT k.request_index, wallet.*, entry.id AS recipient_entry_id, entry.address AS recipient_entry_address,
-     entry.category AS recipient_entry_category, ${serviceAccountSql('COALESCE(entry.address, k.address)')} AS recipient_service_account
+     entry.category AS recipient_entry_category, entry.categories AS recipient_entry_categories,
+     ${serviceAccountSql('COALESCE(entry.address, k.address)')} AS recipient_service_account
    FROM ${source}
    LEFT JOIN LATERAL (${WALLET_SELECT} WHERE w.org_id = k.org_id AND w.id = k.wallet_id) wallet ON TRUE
    LEFT JOIN LATERAL (${recipientEntrySql('k')}) entry ON TRUE`;
@@ -290,9 +311,9 @@ export async function readPayment(
   if (!row) return { wallet: null, recipient: () => resolvedRecipient(to, target, undefined, category) };
   const {
     request_index: _index, recipient_entry_id: id, recipient_entry_address: address, recipient_entry_category: entryCategory,
-    recipient_service_account: serviceAccount, ...wallet
+    recipient_entry_categories: categories, recipient_service_account: serviceAccount, ...wallet
   } = row;
-  const entry = id === null ? undefined : { id, address, category: entryCategory };
+  const entry = id === null ? undefined : { id, address, category: entryCategory, categories: categories ?? [] };
   return { wallet, recipient: () => resolvedRecipient(to, target, entry, category, serviceAccount) };
 }
 
@@ -389,7 +410,8 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       if (!wallet.has_policy) throw new Error(`wallet ${wallet.id} has no policy ${wallet.policy_id}`);
       const current = counted.get(wallet.id) ?? windows.get(wallet.id)!;
       const decision = evaluate(rulesOf(wallet), spendStateOf(current), {
-        amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
+        amount: input.amount, recipient: input.to, recipientAddress: recipient.address, category: recipient.category,
+        categories: recipient.categories, atMs: nowMs,
       });
       if (!decision.allowed) {
         const row = await recordBlocked(tx, nowMs, wallet, input, recipient, item.attestation, decision.violation, item.txId, 'payment', item.attestedAtMs);
@@ -411,9 +433,11 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         lastValidBlockHeight: awaiting ? null : item.prepared.lastValidBlockHeight,
         recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
         // The threshold it is above, kept: a rejection or an expiry names the rule that made it wait.
+        // So are the categories its address had (the view shows neither): the approval judges the
+        // recipient as resolved now, not as the directory may say by then.
         approval: awaiting ? {
           required: true, status: 'awaiting', expires_at: new Date(nowMs + APPROVAL_TTL_MS).toISOString(),
-          threshold: formatUsdc(rulesOf(wallet).requireCoSign!),
+          threshold: formatUsdc(rulesOf(wallet).requireCoSign!), categories: recipient.categories,
         } : null,
         approvalExpiresAt: awaiting ? new Date(nowMs + APPROVAL_TTL_MS) : null, spendAtMs: awaiting ? null : nowMs,
         attestedAtMs: item.attestedAtMs,
@@ -550,47 +574,74 @@ async function reload(q: Queryable, txId: string): Promise<TransactionRow> {
 // ---------------------------------------------------------------------------------------------
 // Co-signature
 
-type AwaitingRow = TransactionRow & { approval: { status: string; threshold?: string } | null; approval_expires_at: Date | null };
+type AwaitingRow = TransactionRow & {
+  recipient_address: string;
+  approval: { status: string; threshold?: string; categories?: string[] } | null;
+  approval_expires_at: Date | null;
+};
+
+/*
+ * Lock order. A path that locks both a payment's row and its vault's takes the payment's first:
+ * settlement does (settleSignatures' UPDATE of the row, then the `failed` rule's UPDATE of the
+ * vault), and so does approve (lockAwaiting, then lockWallet). Reject and the expiry job lock the
+ * payment's row only; a batch of payments (recordPayments) locks vaults and only inserts new
+ * rows, which nobody else can hold. An approve that took the vault first could deadlock with the
+ * settlement of a first approval's chain failure (a double click).
+ */
+
+function notFound(txId: string): ServiceError {
+  return new ServiceError('transaction_not_found', `No payment ${txId} in your organisation.`, { param: 'tx_id' });
+}
+
+function assertAwaiting(row: AwaitingRow, txId: string): void {
+  if (row.status !== 'pending' || row.approval?.status !== 'awaiting') {
+    throw new ServiceError('invalid_request', `Payment ${txId} is not awaiting approval (status ${row.status}).`, { param: 'tx_id' });
+  }
+}
 
 async function lockAwaiting(tx: Queryable, orgId: string, txId: string): Promise<AwaitingRow> {
   const [row] = await tx.query<AwaitingRow>(
     `SELECT * FROM transactions WHERE org_id = $1 AND id = $2 AND type = 'payment' FOR UPDATE`, [orgId, txId]);
-  if (!row) throw new ServiceError('transaction_not_found', `No payment ${txId} in your organisation.`, { param: 'tx_id' });
-  if (row.status !== 'pending' || row.approval?.status !== 'awaiting') {
-    throw new ServiceError('invalid_request', `Payment ${txId} is not awaiting approval (status ${row.status}).`, { param: 'tx_id' });
-  }
+  if (!row) throw notFound(txId);
+  assertAwaiting(row, txId);
   return row;
 }
 
 /**
  * Approves a payment awaiting its co-signature: it is checked again as of now (the policy, the
- * windows and the balance may have changed), debited and sent.
+ * windows and the balance may have changed), debited and sent. Whether it still awaits is read
+ * before anything is signed, so a decided payment is refused without the chain (a second click
+ * while the chain is down is 400, not 503), and again under its row's lock.
  */
 export async function approvePayment(ctx: Ctx, orgId: string, txId: string, approverKeyId: string, options: { wait: boolean }): Promise<PaymentOutcome> {
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
-    const [pending] = await ctx.db.query<TransactionRow>(
+    const [pending] = await ctx.db.query<AwaitingRow>(
       `SELECT * FROM transactions WHERE org_id = $1 AND id = $2 AND type = 'payment'`, [orgId, txId]);
-    if (!pending) throw new ServiceError('transaction_not_found', `No payment ${txId} in your organisation.`, { param: 'tx_id' });
+    if (!pending) throw notFound(txId);
+    assertAwaiting(pending, txId);
     const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, pending.wallet_id]);
-    const recipientAddress = (await ctx.db.query<{ recipient_address: string }>(
-      'SELECT recipient_address FROM transactions WHERE id = $1', [txId]))[0]!.recipient_address;
     const prepared = await ctx.chain.prepare(
-      await payInstructions(ctx, unlocked!, txId, recipientAddress, pending.amount, pending.attestation_hash!));
+      await payInstructions(ctx, unlocked!, txId, pending.recipient_address, pending.amount, pending.attestation_hash!));
 
     const decided = await ctx.db.transaction(async (tx) => {
-      const wallet = await lockWallet(tx, orgId, pending.wallet_id!);
+      // The payment's row, then its vault's: the lock order above.
+      const row = await lockAwaiting(tx, orgId, txId);
+      const wallet = await lockWallet(tx, orgId, row.wallet_id!);
       // Read once the vault is locked, so no spend committed under the lock is later than it.
       const nowMs = ctx.clock.nowMs();
-      const row = await lockAwaiting(tx, orgId, txId);
       if (row.approval_expires_at !== null && row.approval_expires_at.getTime() <= nowMs) return { expired: true } as const;
       if (wallet.policy_id !== unlocked!.policy_id) return null;
       const decide = async (status: 'blocked', approvalStatus: string, violation: Violation) => {
+        // A row recorded before attested_at existed has a hash no view reproduces: its category stays.
+        const judged = row.attested_at === null ? { category: row.category, attestation: row.attestation_hash! } : judgedRecord(
+          { walletId: wallet.id, recipient: row.recipient!, amount: row.amount, currency: 'USDC', memo: row.memo, atMs: row.attested_at.getTime() },
+          { category: row.category, attestation: row.attestation_hash! }, violation);
         await tx.query(
           `UPDATE transactions SET status = $2, violation = $3, approval = approval || $4::jsonb, approval_expires_at = NULL,
-             updated_at = $5, settled_at = $5, policy_id = $6 WHERE id = $1`,
+             updated_at = $5, settled_at = $5, policy_id = $6, category = $7, attestation_hash = $8 WHERE id = $1`,
           [txId, status, JSON.stringify(violation),
             JSON.stringify({ status: approvalStatus, decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs),
-            wallet.policy_id]);
+            wallet.policy_id, judged.category, judged.attestation]);
         await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
         await writeBlockedEvent(tx, nowMs, wallet, txId, row.amount, row.recipient!, violation);
         await alertPolicyViolation(tx, nowMs, wallet.org_id, wallet.id, txId, violation);
@@ -600,9 +651,11 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       if (wallet.status === 'frozen') throw frozenError(wallet);
       const rules = await rulesFor(tx, wallet);
       const windows = await spendWindowsAt(tx, wallet.id, nowMs);
-      const category = (await tx.query<{ category: string | null }>('SELECT category FROM transactions WHERE id = $1', [txId]))[0]!.category;
+      // The recipient as resolved when the payment was made: its address, its category and every
+      // category the directory gave that address then (rows recorded before they were kept: none).
       const decision = evaluate(rules, spendStateOf(windows), {
-        amount: row.amount, recipient: row.recipient!, recipientAddress, category, atMs: nowMs,
+        amount: row.amount, recipient: row.recipient!, recipientAddress: row.recipient_address, category: row.category,
+        categories: row.approval?.categories ?? [], atMs: nowMs,
       });
       if (!decision.allowed) return decide('blocked', 'approved', decision.violation);
       if (wallet.balance < row.amount) throw insufficientBalance(wallet, row.amount);
@@ -635,7 +688,7 @@ function coSignViolation(row: TransactionRow, threshold: string): Violation {
   return { rule: 'require_co_sign', limit: threshold, attempted: formatUsdc(row.amount) };
 }
 
-/** Rejects a payment awaiting its co-signature: it is blocked, and nothing is sent. */
+/** Rejects a payment awaiting its co-signature: it is blocked, and nothing is sent. Locks the payment's row only. */
 export async function rejectPayment(
   ctx: Ctx, orgId: string, txId: string, deciderKeyId: string, reason: 'rejected' | 'expired',
 ): Promise<TransactionRow> {

@@ -52,6 +52,42 @@ describe('policy engine: each rule', () => {
     assert.equal(evaluate(rules, NOTHING_SPENT, pay(1n)).allowed, true, 'no category, nothing to block');
   });
 
+  // Guarantee (docs/recipients.md): a payment is judged by every category its address counts
+  // under, so naming it by another domain (or the bare address) dodges none of them.
+  test('blocked_categories: every category of the recipient is judged, and the first blocked one is reported', () => {
+    const rules = { ...OPEN, blockedCategories: ['gambling', 'adult'] };
+    const blocked = (attempted: string) => ({
+      allowed: false, violation: { rule: 'blocked_categories', limit: 'gambling,adult', attempted },
+    });
+    assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, { category: 'shopping', categories: ['shopping', 'gambling'] })), blocked('gambling'),
+      'another entry of the address is blocked: the payment is');
+    assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, { category: null, categories: ['gambling'] })), blocked('gambling'),
+      'categories alone are judged');
+    assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, { categories: ['food', 'adult', 'gambling'] })), blocked('adult'),
+      'the first blocked one in their order');
+    assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, { category: 'gambling', categories: ['adult'] })), blocked('gambling'),
+      'the recorded category comes first');
+    assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, { category: 'Food', categories: ['ADULT'] })), blocked('adult'),
+      'codes compare case-insensitively and are reported lowercase');
+    assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, { category: 'gambling', categories: ['gambling', 'gambling'] })), blocked('gambling'),
+      'repeats change nothing');
+    for (const payment of [{ category: 'food', categories: ['food', 'compute'] }, { category: null, categories: [] }, { categories: ['', 'food'] }]) {
+      assert.deepEqual(evaluate(rules, NOTHING_SPENT, pay(1n, payment)), { allowed: true, requiresApproval: false }, JSON.stringify(payment));
+    }
+    assert.equal(evaluate(OPEN, NOTHING_SPENT, pay(1n, { category: 'gambling', categories: ['adult'] })).allowed, true, 'an empty list blocks nothing');
+  });
+
+  test('blocked_categories keeps its place in the order: after allowed_recipients, before max_per_tx, whichever category is blocked', () => {
+    const rules = { ...OPEN, allowedRecipients: ['only.example'], blockedCategories: ['gambling'], maxPerTx: 1n };
+    const ruleOf = (categories: string[], recipient = 'only.example') => {
+      const decision = evaluate(rules, NOTHING_SPENT, pay(5n, { recipient, category: 'food', categories }));
+      return decision.allowed ? null : decision.violation.rule;
+    };
+    assert.equal(ruleOf(['gambling'], 'evil.example'), 'allowed_recipients');
+    assert.equal(ruleOf(['food', 'gambling']), 'blocked_categories');
+    assert.equal(ruleOf(['food']), 'max_per_tx');
+  });
+
   test('max_per_tx: the limit itself passes, one micro-USDC more does not', () => {
     const rules = { ...OPEN, maxPerTx: 10n * USDC };
     assert.equal(evaluate(rules, NOTHING_SPENT, pay(10n * USDC)).allowed, true);
@@ -152,6 +188,26 @@ describe('policy engine: properties', () => {
         && (rules.velocityCap === null || spend.hourCount + 1 <= rules.velocityCap);
       assert.equal(evaluate(rules, spend, pay(amount)).allowed, fits);
     }), { numRuns: 2_000 });
+  });
+
+  test('blocked_categories refuses exactly when some category is listed, names the first listed one, whatever their order', () => {
+    const code = fc.constantFrom('gambling', 'adult', 'food', 'compute', 'shopping', 'Gambling', 'FOOD');
+    fc.assert(fc.property(fc.uniqueArray(fc.constantFrom<string>('gambling', 'adult', 'food'), { maxLength: 3 }), fc.option(code, { nil: null }),
+      fc.array(code, { maxLength: 6 }), (blockedCategories, category, categories) => {
+        const rules = { ...OPEN, blockedCategories };
+        const all = [category, ...categories].flatMap((c) => (c === null ? [] : [c.toLowerCase()]));
+        const firstBlocked = all.find((c) => blockedCategories.includes(c));
+        const decision = evaluate(rules, NOTHING_SPENT, pay(1n, { category, categories }));
+        if (firstBlocked === undefined) {
+          assert.equal(decision.allowed, true);
+        } else {
+          assert.deepEqual(decision, {
+            allowed: false, violation: { rule: 'blocked_categories', limit: blockedCategories.join(','), attempted: firstBlocked },
+          });
+        }
+        // Whether it passes depends on the set of categories, not on their order.
+        assert.equal(evaluate(rules, NOTHING_SPENT, pay(1n, { category, categories: [...categories].reverse() })).allowed, decision.allowed);
+      }), { numRuns: 2_000 });
   });
 
   test('the incremental rolling window equals a full scan at every payment, edges included', () => {

@@ -5,6 +5,8 @@
  * Rules are checked in DESIGN §6's order and the first failure is reported:
  * expiry, allowed_recipients, blocked_categories, max_per_tx, velocity_cap, max_per_day,
  * max_per_month. A payment above requireCoSign is not a violation: it needs an approval.
+ * blocked_categories judges every category the recipient counts under (the caller reads them
+ * from the directory) and reports the first one blocked.
  */
 import { formatUsdc } from '../money/money.ts';
 import type { PolicyRules } from '../policies/presets.ts';
@@ -40,7 +42,13 @@ export interface PaymentIntent {
   recipient: string;
   /** the resolved chain address, when the recipient was a domain */
   recipientAddress?: string | null;
+  /** the category the payment is recorded under */
   category?: string | null;
+  /**
+   * every other category that applies to the recipient (each one the directory gives its
+   * address): blocked_categories refuses the payment when any of these or `category` is listed
+   */
+  categories?: readonly string[];
   atMs: number;
 }
 
@@ -51,6 +59,19 @@ export type Decision =
 function normaliseRecipient(recipient: string): string {
   // Chain addresses are case-sensitive base58; domains are compared case-insensitively.
   return recipient.includes('.') ? recipient.toLowerCase() : recipient;
+}
+
+/**
+ * The first of the payment's categories (`category`, then `categories` in their order) that the
+ * rules block, lowercase, or null. Categories are codes compared case-insensitively.
+ */
+function blockedCategoryOf(rules: PolicyRules, payment: PaymentIntent): string | null {
+  if (rules.blockedCategories.length === 0) return null;
+  const blocked = new Set(rules.blockedCategories.map((category) => category.toLowerCase()));
+  for (const category of [payment.category, ...(payment.categories ?? [])]) {
+    if (category && blocked.has(category.toLowerCase())) return category.toLowerCase();
+  }
+  return null;
 }
 
 export function evaluate(rules: PolicyRules, spend: SpendState, payment: PaymentIntent): Decision {
@@ -67,8 +88,9 @@ export function evaluate(rules: PolicyRules, spend: SpendState, payment: Payment
       return deny({ rule: 'allowed_recipients', limit: 'allowlist', attempted: payment.recipient });
     }
   }
-  if (payment.category && rules.blockedCategories.includes(payment.category.toLowerCase())) {
-    return deny({ rule: 'blocked_categories', limit: rules.blockedCategories.join(','), attempted: payment.category });
+  const blockedCategory = blockedCategoryOf(rules, payment);
+  if (blockedCategory !== null) {
+    return deny({ rule: 'blocked_categories', limit: rules.blockedCategories.join(','), attempted: blockedCategory });
   }
   if (rules.maxPerTx !== null && payment.amount > rules.maxPerTx) {
     return deny({ rule: 'max_per_tx', limit: formatUsdc(rules.maxPerTx), attempted: formatUsdc(payment.amount) });

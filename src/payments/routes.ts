@@ -11,6 +11,7 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
+import { CATEGORY_PATTERN, recipientName } from '../recipients/recipients.ts';
 import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
 import { TransactionView, getTransaction, transactionView } from '../transactions/views.ts';
 import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
@@ -19,14 +20,14 @@ import { MEMO_MAX_CHARS, approvePayment, pay, readPayment, rejectPayment, type P
 import { evaluate } from './policy-engine.ts';
 import { spendStateOf, spendWindowsAt } from './spend-state.ts';
 
-const CATEGORY = '^[a-z0-9_.-]{1,64}$';
-
 const PaymentFields = {
   to: recipientField('a chain address or a domain of your recipient directory'),
   amount: amountField(),
   currency: currencyField(),
   memo: Type.Optional(Type.String({ maxLength: MEMO_MAX_CHARS, description: 'stored off chain; the attestation hash commits to it' })),
-  category: Type.Optional(Type.String({ pattern: CATEGORY, description: 'used when the recipient directory has none' })),
+  category: Type.Optional(Type.String({
+    pattern: CATEGORY_PATTERN, description: 'used when the recipient directory has none; case-insensitive, read lowercase as the directory stores them',
+  })),
   idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
   waitForConfirmation: Type.Optional(Type.Boolean({
     default: true, description: 'false: answer `pending` once the payment is recorded (and, on an external chain, taken by it), without waiting for confirmation',
@@ -96,7 +97,11 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const amount = parseAmount(body.amount);
     // Who may pay from this vault is checked on every request; whether it can pay (archived,
     // frozen) is the payment's answer, so a replay after an archive still returns the original.
-    const input = { walletId, to: body.to.trim(), amount, memo: body.memo ?? null, category: body.category ?? null };
+    // `to` and the category as they are recorded, hashed and compared for idempotency: a domain
+    // and a category in any case are one payment's (docs/decisions.md, attestation hash).
+    const input = {
+      walletId, to: recipientName(body.to), amount, memo: body.memo ?? null, category: body.category?.toLowerCase() ?? null,
+    };
     const { wallet, recipient } = await readRequest(principal, walletId, input.to, input.category, headers['session-token']);
     return runIdempotent(ctx.db, {
       orgId: principal.orgId, key: idempotencyKeyOf(headers['idempotency-key'], body.idempotencyKey),
@@ -158,10 +163,11 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const principal = principalOf(request);
-    const { walletId, to, category } = request.body;
+    const { walletId, category } = request.body;
+    const to = recipientName(request.body.to);
     if (request.body.currency !== undefined) assertUsdc(request.body.currency);
     const amount = parseAmount(request.body.amount);
-    const read = await readRequest(principal, walletId, to.trim(), category ?? null, request.headers['session-token']);
+    const read = await readRequest(principal, walletId, to, category?.toLowerCase() ?? null, request.headers['session-token']);
     const { wallet } = read;
     assertNotArchived(wallet);
     const recipient = read.recipient();
@@ -171,7 +177,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const rules = rulesOf(policy!);
     const nowMs = ctx.clock.nowMs();
     const decision = evaluate(rules, spendStateOf(await spendWindowsAt(ctx.db, wallet.id, nowMs)), {
-      amount, recipient: to.trim(), recipientAddress: recipient.address, category: recipient.category, atMs: nowMs,
+      amount, recipient: to, recipientAddress: recipient.address, category: recipient.category, categories: recipient.categories, atMs: nowMs,
     });
     const reason = wallet.status === 'frozen' ? 'wallet_frozen'
       : !decision.allowed ? 'policy_violation'

@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { ServiceError } from '../errors/errors.ts';
+import { normaliseDomain } from '../recipients/recipients.ts';
 import { diffFields, parseExpiry, parsePolicyFields, parseRecipients, type PolicyFields } from './fields.ts';
 
 const NOW_MS = Date.UTC(2026, 3, 1, 12, 0, 0);
@@ -41,6 +42,18 @@ describe('policy fields', () => {
   test('recipients: base58 addresses kept as is, domains lowercased, duplicates dropped in order', () => {
     assert.deepEqual(parseRecipients([ADDRESS, 'API.Example.com', 'api.example.com', 'xn--bcher-kva.example']),
       [ADDRESS, 'api.example.com', 'xn--bcher-kva.example']);
+  });
+
+  test('recipients: a domain is valid exactly when the recipient directory takes it (normaliseDomain)', () => {
+    // Top labels with digits or one letter, and short names: the directory takes them, so an allowlist does.
+    for (const domain of ['Pay.Svc.Corp1', 'a.b', 'x.io2', 'svc.internal-1', `${'a'.repeat(63)}.com`]) {
+      assert.deepEqual(parseRecipients([domain]), [normaliseDomain(domain)], domain);
+      assert.notEqual(normaliseDomain(domain), null, domain);
+    }
+    for (const text of ['a..com', 'a_b.com', 'example.123', '1.2.3.4', 'bücher.de', 'ex\u212Aample.com', `${'a'.repeat(250)}.com`]) {
+      assert.equal(normaliseDomain(text), null, text);
+      assert.equal(refusal(() => parseRecipients([text])).code, 'invalid_recipient', text);
+    }
   });
 
   test('a recipient that is neither an address nor a domain is invalid_recipient with its index', () => {

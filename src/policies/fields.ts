@@ -7,6 +7,7 @@ import { isAddress } from '@solana/kit';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import { DATE_MS_MAX } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { normaliseDomain } from '../recipients/recipients.ts';
 import type { PolicyRules } from './presets.ts';
 
 export const POLICY_NAME_MAX = 100;
@@ -68,19 +69,18 @@ function parseLimit(text: string, param: string): bigint {
   return micro;
 }
 
-const DOMAIN = /^(?=.{4,253}$)(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:[a-z]{2,63}|xn--[a-z0-9-]{1,59})$/;
-
 /**
  * Each entry is a chain address (base58 of 32 bytes, case-sensitive) or a domain name (stored
  * lowercase, as the policy engine compares domains). Duplicates are dropped, first one kept.
  * A domain need not be in the recipient directory yet: a payment resolves it when it is made.
+ * A domain is whatever the directory takes (its own `normaliseDomain`), so every domain a payment
+ * can name can be allowed; an address never has a dot.
  */
 export function parseRecipients(entries: readonly string[]): string[] {
   const seen = new Set<string>();
   entries.forEach((entry, index) => {
-    const normalised = entry.includes('.') ? entry.toLowerCase() : entry;
-    const valid = entry.includes('.') ? DOMAIN.test(normalised) : isAddress(entry);
-    if (!valid) {
+    const normalised = entry.includes('.') ? normaliseDomain(entry) : isAddress(entry) ? entry : null;
+    if (normalised === null) {
       throw new ServiceError('invalid_recipient',
         `allowed_recipients[${index}] is neither a chain address (base58) nor a domain name.`, { param: `allowed_recipients.${index}` });
     }

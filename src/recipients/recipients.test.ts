@@ -9,7 +9,7 @@ import { getAddressDecoder } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { fundedWallet, newPolicy } from '../../test/fixtures.ts';
 import { ServiceError } from '../errors/errors.ts';
-import { normaliseCategory, normaliseDomain, resolveRecipient } from './recipients.ts';
+import { normaliseCategory, normaliseDomain, recipientName, resolveRecipient } from './recipients.ts';
 
 const newAddress = (): string => getAddressDecoder().decode(randomBytes(32));
 
@@ -282,11 +282,11 @@ describe('resolveRecipient', () => {
     const db = t.service.ctx.db;
     const address = newAddress();
     assert.deepEqual(await resolveRecipient(db, t.orgId, address),
-      { address, domain: null, category: null, recipientId: null });
+      { address, domain: null, category: null, categories: [], recipientId: null });
     assert.deepEqual(await resolveRecipient(db, t.orgId, address, 'Groceries'),
-      { address, domain: null, category: 'groceries', recipientId: null });
+      { address, domain: null, category: 'groceries', categories: ['groceries'], recipientId: null });
     assert.deepEqual(await resolveRecipient(db, t.orgId, address, null),
-      { address, domain: null, category: null, recipientId: null });
+      { address, domain: null, category: null, categories: [], recipientId: null });
   });
 
   test('an address in the directory takes the directory\'s category over the request\'s', async () => {
@@ -294,10 +294,10 @@ describe('resolveRecipient', () => {
     const address = newAddress();
     const id = await add({ domain: 'casino.example.com', address, category: 'Gambling' });
     assert.deepEqual(await resolveRecipient(db, t.orgId, address, 'food'),
-      { address, domain: null, category: 'gambling', recipientId: id });
+      { address, domain: null, category: 'gambling', categories: ['gambling'], recipientId: id });
     // Another organisation's directory says nothing about this address for us.
     assert.deepEqual(await resolveRecipient(db, other.orgId, address, 'food'),
-      { address, domain: null, category: 'food', recipientId: null });
+      { address, domain: null, category: 'food', categories: ['food'], recipientId: null });
   });
 
   test('an address listed only without a category falls back to the request\'s', async () => {
@@ -305,7 +305,7 @@ describe('resolveRecipient', () => {
     const address = newAddress();
     const id = await add({ domain: 'plain.example.com', address });
     assert.deepEqual(await resolveRecipient(db, t.orgId, address, 'Books'),
-      { address, domain: null, category: 'books', recipientId: id });
+      { address, domain: null, category: 'books', categories: ['books'], recipientId: id });
   });
 
   test('among entries for one address, one with a category wins, so a bare address cannot dodge a blocked category', async () => {
@@ -314,7 +314,7 @@ describe('resolveRecipient', () => {
     await add({ domain: 'first-uncategorised.example.com', address });
     const categorised = await add({ domain: 'second-categorised.example.com', address, category: 'gambling' });
     assert.deepEqual(await resolveRecipient(db, t.orgId, address, 'food'),
-      { address, domain: null, category: 'gambling', recipientId: categorised });
+      { address, domain: null, category: 'gambling', categories: ['gambling'], recipientId: categorised });
   });
 
   test('a second domain for an address without a category of its own counts under the address\'s: no dodging by name', async () => {
@@ -323,7 +323,7 @@ describe('resolveRecipient', () => {
     await add({ domain: 'dodge-casino.example.com', address, category: 'gambling' });
     const cdn = await add({ domain: 'dodge-cdn.example.com', address });
     assert.deepEqual(await resolveRecipient(db, t.orgId, 'dodge-cdn.example.com', 'food'),
-      { address, domain: 'dodge-cdn.example.com', category: 'gambling', recipientId: cdn });
+      { address, domain: 'dodge-cdn.example.com', category: 'gambling', categories: ['gambling'], recipientId: cdn });
     const wallet = await fundedWallet(t, '5', await newPolicy(t, { blockedCategories: ['gambling'] }));
     for (const to of ['dodge-cdn.example.com', 'dodge-casino.example.com', address]) {
       const check = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '1', category: 'food' } });
@@ -333,18 +333,50 @@ describe('resolveRecipient', () => {
     }
   });
 
+  // Guarantee (docs/recipients.md): a second domain for an address the directory puts in
+  // `gambling` counts as `gambling` too, whatever its own entry says; so does the bare address.
+  test('every category the live entries give an address is the payment\'s to judge: its own first, then the others oldest first', async () => {
+    const db = t.service.ctx.db;
+    const address = newAddress();
+    const shop = await add({ domain: 'multi-shop.example.com', address, category: 'shopping' });
+    await add({ domain: 'multi-plain.example.com', address });
+    const casino = await add({ domain: 'multi-casino.example.com', address, category: 'Gambling' });
+    await add({ domain: 'multi-shop2.example.com', address, category: 'shopping' });
+    assert.deepEqual(await resolveRecipient(db, t.orgId, 'multi-shop.example.com', 'food'),
+      { address, domain: 'multi-shop.example.com', category: 'shopping', categories: ['shopping', 'gambling'], recipientId: shop });
+    assert.deepEqual(await resolveRecipient(db, t.orgId, 'Multi-Casino.example.com'),
+      { address, domain: 'multi-casino.example.com', category: 'gambling', categories: ['gambling', 'shopping'], recipientId: casino });
+    assert.deepEqual((await resolveRecipient(db, t.orgId, 'multi-plain.example.com', 'food')).categories, ['shopping', 'gambling'],
+      'an entry without a category: the address\'s, the request\'s not among them');
+    assert.deepEqual((await resolveRecipient(db, t.orgId, address, 'food')).categories, ['shopping', 'gambling'], 'the bare address');
+    // Deleted entries stop counting; another organisation's never do.
+    assert.equal((await t.request('DELETE', `/v1/recipients/${casino}`)).status, 200);
+    assert.deepEqual((await resolveRecipient(db, t.orgId, address)).categories, ['shopping']);
+    await add({ domain: 'multi-theirs.example.com', address, category: 'adult' }, other.adminKey);
+    assert.deepEqual((await resolveRecipient(db, t.orgId, 'multi-shop.example.com')).categories, ['shopping']);
+    assert.deepEqual((await resolveRecipient(db, other.orgId, address, 'food')).categories, ['adult']);
+  });
+
+  test('a payment names a domain in its directory form and an address as given', () => {
+    const address = newAddress();
+    assert.equal(recipientName(' API.Vendor.IO '), 'api.vendor.io');
+    assert.equal(recipientName(` ${address} `), address);
+    assert.equal(recipientName(address.toLowerCase()), address.toLowerCase(), 'base58 is case-sensitive: never lowercased');
+    assert.equal(recipientName(' Not A Domain '), 'Not A Domain', 'neither: left for resolveRecipient to refuse');
+  });
+
   test('a domain resolves case-insensitively to its address and category', async () => {
     const db = t.service.ctx.db;
     const address = newAddress();
     const id = await add({ domain: 'api.vendor.io', address, category: 'saas' });
     assert.deepEqual(await resolveRecipient(db, t.orgId, 'API.Vendor.IO', 'food'),
-      { address, domain: 'api.vendor.io', category: 'saas', recipientId: id });
+      { address, domain: 'api.vendor.io', category: 'saas', categories: ['saas'], recipientId: id });
     const bare = newAddress();
     const bareId = await add({ domain: 'nocat.vendor.io', address: bare });
     assert.deepEqual(await resolveRecipient(db, t.orgId, 'nocat.vendor.io', 'Food'),
-      { address: bare, domain: 'nocat.vendor.io', category: 'food', recipientId: bareId });
+      { address: bare, domain: 'nocat.vendor.io', category: 'food', categories: ['food'], recipientId: bareId });
     assert.deepEqual(await resolveRecipient(db, t.orgId, 'nocat.vendor.io'),
-      { address: bare, domain: 'nocat.vendor.io', category: null, recipientId: bareId });
+      { address: bare, domain: 'nocat.vendor.io', category: null, categories: [], recipientId: bareId });
   });
 
   test('a change of address applies to the next resolution', async () => {

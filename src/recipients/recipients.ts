@@ -216,7 +216,17 @@ export async function deleteRecipient(q: Queryable, nowMs: number, orgId: string
 export interface ResolvedRecipient {
   address: string;
   domain: string | null;
+  /**
+   * The category the payment is recorded under and its attestation hash commits to: its own
+   * entry's, else that of the oldest entry for the address with one, else the request's.
+   */
   category: string | null;
+  /**
+   * Every category `blocked_categories` judges: `category` first, then each other one the
+   * organisation's live entries give the address (oldest entry first), without repeats. A payment
+   * is blocked when any of them is, whichever domain (or the bare address) it named.
+   */
+  categories: string[];
   recipientId: string | null;
 }
 
@@ -229,25 +239,45 @@ export function recipientTarget(to: string): RecipientTarget | null {
   return domain === null ? null : { address: null, domain };
 }
 
-/** The directory entry a payment's `to` names, if any. */
-export type RecipientEntry = Pick<RecipientRow, 'id' | 'address' | 'category'>;
+/**
+ * A payment's `to` as it is recorded, hashed, compared for idempotency and filtered: trimmed, and
+ * a domain in its directory (lowercase) form, so `API.Shop.Example` and `api.shop.example` are
+ * one recipient. An address stays as given (base58 is case-sensitive), and so does anything
+ * else, for `resolveRecipient` to refuse.
+ */
+export function recipientName(to: string): string {
+  const trimmed = to.trim();
+  return recipientTarget(trimmed)?.domain ?? trimmed;
+}
+
+/**
+ * The directory entry a payment's `to` names, if any: `category` as `ResolvedRecipient` has it
+ * (its own, else the address's oldest), `categories` every category of the address's live entries.
+ */
+export type RecipientEntry = Pick<RecipientRow, 'id' | 'address' | 'category'> & { categories: string[] };
 
 /**
  * The directory entry of each row of `k` (columns `org_id`, `address`, `domain`, one of the last
- * two null), for a lateral join, with the category its address counts under. Among several
+ * two null), for a lateral join, with the categories its address counts under. Among several
  * entries for one address, one with a category comes first; an entry without a category takes
- * that of another entry for its address (the oldest with one). Otherwise a payer could dodge a
- * blocked category by naming the address, or a second domain for it, with a category of its own
- * or none.
+ * that of another entry for its address (the oldest with one). `categories` holds every category
+ * the live entries give the address, oldest entry first, each once: the policy judges them all,
+ * as otherwise a payer could dodge a blocked category by naming the address, or a second domain
+ * for it, with a category of its own or none. Its length is bounded by the organisation's
+ * entries for that one address (and by the distinct categories among them); it is not capped,
+ * since a category past a cap would not be judged.
  */
 export const recipientEntrySql = (k: string): string =>
-  `SELECT e.id, e.address,
-     COALESCE(e.category, (SELECT a.category FROM recipients a
-                           WHERE a.org_id = e.org_id AND a.address = e.address AND a.deleted_at IS NULL AND a.category IS NOT NULL
-                           ORDER BY a.created_at, a.id LIMIT 1)) AS category
-   FROM recipients e
-   WHERE e.org_id = ${k}.org_id AND e.deleted_at IS NULL AND (e.address = ${k}.address OR e.domain = ${k}.domain)
-   ORDER BY e.category IS NULL, e.created_at, e.id LIMIT 1`;
+  `SELECT e.id, e.address, COALESCE(e.category, c.categories[1]) AS category, c.categories
+   FROM (SELECT e.id, e.org_id, e.address, e.category FROM recipients e
+         WHERE e.org_id = ${k}.org_id AND e.deleted_at IS NULL AND (e.address = ${k}.address OR e.domain = ${k}.domain)
+         ORDER BY e.category IS NULL, e.created_at, e.id LIMIT 1) e
+   CROSS JOIN LATERAL (SELECT ARRAY(
+     SELECT oldest.category FROM (
+       SELECT DISTINCT ON (a.category) a.category, a.created_at, a.id FROM recipients a
+       WHERE a.org_id = e.org_id AND a.address = e.address AND a.deleted_at IS NULL AND a.category IS NOT NULL
+       ORDER BY a.category, a.created_at, a.id) oldest
+     ORDER BY oldest.created_at, oldest.id) AS categories) c`;
 
 /**
  * Whether `address` (an SQL expression) is one of this service's own accounts, of any
@@ -268,7 +298,7 @@ export const serviceAccountSql = (address: string): string =>
 
 /**
  * What a payment's `to` means for the organisation, given its directory entry: the address to
- * pay, the entry (if any) and the category the payment counts under (the directory's, else the
+ * pay, the entry (if any) and the categories the payment counts under (the directory's, else the
  * request's, lowercase). Throws `invalid_recipient`, also when the address is one of the
  * service's own accounts (`serviceAccount`, from `serviceAccountSql`).
  */
@@ -292,14 +322,14 @@ function resolvedTarget(
   if (target === null) {
     throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
   }
-  if (target.address !== null) {
-    return { address: target.address, domain: null, category: entry?.category ?? fallbackCategory, recipientId: entry?.id ?? null };
-  }
-  if (!entry) {
+  if (target.domain !== null && !entry) {
     throw new ServiceError('invalid_recipient',
       `${quoted(target.domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
   }
-  return { address: entry.address, domain: target.domain, category: entry.category ?? fallbackCategory, recipientId: entry.id };
+  // The request's category counts only where the directory gives the address none.
+  const category = entry?.category ?? fallbackCategory;
+  const categories = [...new Set([...(category === null ? [] : [category]), ...(entry?.categories ?? [])])];
+  return { address: target.address ?? entry!.address, domain: target.domain, category, categories, recipientId: entry?.id ?? null };
 }
 
 /** `resolvedRecipient` with the entry read here. Takes a Queryable so a payment resolves inside its own transaction. */
@@ -308,9 +338,23 @@ export async function resolveRecipient(
 ): Promise<ResolvedRecipient> {
   const target = recipientTarget(to);
   const [row] = target === null ? [] : await q.query<RecipientEntry & { service_account: boolean }>(
-    `SELECT entry.id, entry.address, entry.category, ${serviceAccountSql('COALESCE(entry.address, k.address)')} AS service_account
+    `SELECT entry.id, entry.address, entry.category, entry.categories, ${serviceAccountSql('COALESCE(entry.address, k.address)')} AS service_account
      FROM (SELECT $1::text AS org_id, $2::text AS address, $3::text AS domain) k LEFT JOIN LATERAL (${recipientEntrySql('k')}) entry ON TRUE`,
     [orgId, target.address, target.domain]);
-  const entry = row && row.id !== null ? { id: row.id, address: row.address, category: row.category } : undefined;
+  const entry = row && row.id !== null ? { id: row.id, address: row.address, category: row.category, categories: row.categories } : undefined;
   return resolvedRecipient(to, target, entry, requestCategory, row?.service_account ?? false);
+}
+
+/**
+ * The categories the organisation's directory gives a chain address (an escrow's receiver):
+ * `category` the one a spend to it is recorded under (an entry with one first, the oldest),
+ * `categories` every one, for `blocked_categories`. None when it is not in the directory.
+ */
+export async function addressCategories(
+  q: Queryable, orgId: string, address: string,
+): Promise<Pick<ResolvedRecipient, 'category' | 'categories'>> {
+  const [entry] = await q.query<Pick<RecipientEntry, 'category' | 'categories'>>(
+    `SELECT e.category, e.categories FROM (SELECT $1::text AS org_id, $2::text AS address, NULL::text AS domain) k
+     JOIN LATERAL (${recipientEntrySql('k')}) e ON TRUE`, [orgId, address]);
+  return { category: entry?.category ?? null, categories: entry?.categories ?? [] };
 }
