@@ -28,7 +28,7 @@ export function exportRoutes(app: App, ctx: AppContext): void {
         walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'also `wallet_id`' })),
         status: Type.Optional(TransactionStatusSchema),
         type: Type.Optional(TransactionTypeSchema),
-        recipient: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'exact match' })),
+        recipient: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'an address exactly, a domain in any case' })),
         from: Type.Optional(Type.String({ maxLength: TIME_MAX_CHARS, description: 'ISO 8601, inclusive' })),
         to: Type.Optional(Type.String({ maxLength: TIME_MAX_CHARS, description: 'ISO 8601, exclusive' })),
       }, { additionalProperties: false }),

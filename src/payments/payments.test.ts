@@ -734,6 +734,8 @@ describe('payments', () => {
     assert.equal(replay.body.tx_id, made[0]!.body.tx_id);
     const listed = (await t.request('GET', `/v1/transactions?recipient=${domain}&walletId=${wallet.wallet_id}`)).body.data as Array<{ tx_id: string }>;
     assert.deepEqual(listed.map((row) => row.tx_id).sort(), made.map((paid) => paid.body.tx_id).sort(), 'one filter finds both');
+    const listedUpper = (await t.request('GET', `/v1/transactions?recipient=${domain.toUpperCase()}&walletId=${wallet.wallet_id}`)).body.data as Array<{ tx_id: string }>;
+    assert.deepEqual(listedUpper.map((row) => row.tx_id).sort(), made.map((paid) => paid.body.tx_id).sort(), 'a filter in any case too');
 
     // The directory stores categories lowercase; a request's category is read the same way.
     const to = await newRecipient();

@@ -14,7 +14,6 @@ export const POLICY_NAME_MAX = 100;
 export const ALLOWED_RECIPIENTS_MAX = 1_000;
 export const BLOCKED_CATEGORIES_MAX = 100;
 export const VELOCITY_CAP_MAX = 1_000_000;
-export const CATEGORY_PATTERN = '^[a-z0-9_.-]{1,64}$';
 /** A domain name is at most 253 characters; a base58 address at most 44. */
 export const RECIPIENT_LENGTH_MAX = 253;
 
@@ -54,7 +53,8 @@ export function parsePolicyFields(input: PolicyFieldsInput, nowMs: number): Part
   }
   if (input.velocityCap !== undefined) out.velocityCap = input.velocityCap;
   if (input.allowedRecipients !== undefined) out.allowedRecipients = parseRecipients(input.allowedRecipients);
-  if (input.blockedCategories !== undefined) out.blockedCategories = [...new Set(input.blockedCategories)];
+  // Any case, as the recipient directory and a payment's category take them: compared lowercase.
+  if (input.blockedCategories !== undefined) out.blockedCategories = [...new Set(input.blockedCategories.map((c) => c.toLowerCase()))];
   if (input.expiry !== undefined) out.expiry = input.expiry === null ? null : parseExpiry(input.expiry, nowMs);
   return out;
 }

@@ -36,7 +36,7 @@ describe('policies', () => {
   test('a created policy is answered in full and its account on chain holds its limits before the response', async () => {
     const policy = await createPolicy(t, {
       maxPerTx: '25.5', maxPerDay: '0', maxPerMonth: '1000', velocityCap: 30, requireCoSign: '20',
-      allowedRecipients: [ADDRESS, 'API.Example.com'], blockedCategories: ['gambling'], expiry: '2099-01-01T00:00:00.250Z',
+      allowedRecipients: [ADDRESS, 'API.Example.com'], blockedCategories: ['Gambling', 'gambling'], expiry: '2099-01-01T00:00:00.250Z',
     });
     assert.match(policy.policy_id, /^pol_/);
     assert.deepEqual({ ...policy, policy_id: undefined, chain_address: undefined, created_at: undefined, updated_at: undefined }, {

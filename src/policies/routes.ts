@@ -5,10 +5,11 @@
 import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
+import { CATEGORY_PATTERN } from '../recipients/recipients.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
 import {
-  ALLOWED_RECIPIENTS_MAX, BLOCKED_CATEGORIES_MAX, CATEGORY_PATTERN, POLICY_NAME_MAX, RECIPIENT_LENGTH_MAX, VELOCITY_CAP_MAX,
+  ALLOWED_RECIPIENTS_MAX, BLOCKED_CATEGORIES_MAX, POLICY_NAME_MAX, RECIPIENT_LENGTH_MAX, VELOCITY_CAP_MAX,
   parsePolicyFields, type PolicyFieldsInput,
 } from './fields.ts';
 import {
@@ -34,7 +35,7 @@ const RuleFields = {
     maxItems: ALLOWED_RECIPIENTS_MAX, description: 'chain addresses or domain names; empty = any recipient',
   })),
   blockedCategories: Type.Optional(Type.Array(Type.String({ pattern: CATEGORY_PATTERN }), {
-    maxItems: BLOCKED_CATEGORIES_MAX, description: 'lowercase category codes',
+    maxItems: BLOCKED_CATEGORIES_MAX, description: 'category codes, any case: compared and stored lowercase',
   })),
   expiry: Type.Optional(Type.Union([Type.String({ maxLength: 40 }), Type.Null()], {
     description: 'ISO 8601 timestamp with a time zone, in the future; attached vaults freeze after it; null = never',

@@ -34,7 +34,7 @@ const OrganizationListQuery = Type.Object({
   ...WalletListFields,
   walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
   wallet_id: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'alias of walletId' })),
-  recipient: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'exact match' })),
+  recipient: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'an address exactly, a domain in any case' })),
 }, { additionalProperties: false });
 
 const ISO_8601 = /^(\d{4})-(\d{2})-(\d{2})(?:T(\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?(Z|[+-]\d{2}:\d{2}))?$/;

@@ -8,6 +8,7 @@ import { ServiceError } from '../errors/errors.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, type PageRequest } from '../http/pagination.ts';
 import { formatUsdc } from '../money/money.ts';
+import { recipientName } from '../recipients/recipients.ts';
 import type { TransactionRow, TransactionStatus, TransactionType } from './settlement.ts';
 
 export const TransactionTypeSchema = Type.Union([
@@ -186,7 +187,8 @@ export function transactionConditions(orgId: string, filter: TransactionFilter):
     where.where((p) => `type = ${p}`, filter.type);
     if (filter.type !== 'payment') where.whereSql(`type <> 'payment'`);
   }
-  if (filter.recipient !== undefined) where.where((p) => `recipient = ${p}`, filter.recipient);
+  // A domain as payments record it (its directory form, lowercase); an address as given.
+  if (filter.recipient !== undefined) where.where((p) => `recipient = ${p}`, recipientName(filter.recipient));
   if (filter.from !== undefined) where.where((p) => `created_at >= ${p}`, filter.from);
   if (filter.to !== undefined) where.where((p) => `created_at < ${p}`, filter.to);
   return where;
