@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { generateKeyPairSigner } from '@solana/kit';
+import type { ChainClient } from '../src/chain/client.ts';
 import type { TestService } from './harness.ts';
 
 let counter = 0;
@@ -40,4 +41,19 @@ export async function fundedWallet(t: TestService, balance: string, policyId = '
 
 export async function balanceOf(t: TestService, walletId: string, key?: string): Promise<string> {
   return (await t.request('GET', `/v1/wallets/${walletId}`, key ? { key } : {})).body.usdc_balance;
+}
+
+/**
+ * `chain` whose sends all fail, as with an operator key that cannot pay fees on a real cluster:
+ * what it reads and signs is real. Given to createOrganization, it leaves the organisation
+ * `pending`.
+ */
+export function unfundedChain(chain: ChainClient): ChainClient {
+  return new Proxy(chain, {
+    get(target, property) {
+      if (property === 'execute') return async () => { throw new Error('the operator cannot pay the fee'); };
+      const value = Reflect.get(target, property) as unknown;
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+    },
+  });
 }

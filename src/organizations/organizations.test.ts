@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
+import { unfundedChain as unfundedChainOf } from '../../test/fixtures.ts';
 import { onDatabase, startTestService, type TestService } from '../../test/harness.ts';
 import { startSharedChain } from '../../test/shared-chain.ts';
 import { generateKeyPairSigner, lamports } from '@solana/kit';
@@ -24,14 +25,7 @@ describe('creating an organisation', () => {
   before(async () => { t = await startTestService({ workers: false }); });
   after(async () => { await t.close(); });
 
-  /** The service's chain, whose transactions all fail to confirm, as with an operator key that cannot pay fees. */
-  const unfundedChain = (): ChainClient => new Proxy(t.service.ctx.chain, {
-    get(target, property) {
-      if (property === 'execute') return async () => { throw new Error('the operator cannot pay the fee'); };
-      const value = Reflect.get(target, property) as unknown;
-      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-    },
-  });
+  const unfundedChain = (): ChainClient => unfundedChainOf(t.service.ctx.chain);
 
   test('its admin key is told before the chain setup, which the next start finishes', async () => {
     let shown: { orgId: string; key: string } | null = null;

@@ -14,7 +14,7 @@ import { newId } from '../ids/ids.ts';
 import { bootstrapOrganizations, createOrganization } from '../organizations/organizations.ts';
 import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
 import { startTestService, type TestResponse, type TestService } from '../../test/harness.ts';
-import { unique } from '../../test/fixtures.ts';
+import { unfundedChain as unfundedChainOf, unique } from '../../test/fixtures.ts';
 import { syncWalletToChain } from './wallets.ts';
 
 describe('an organisation not set up on chain', () => {
@@ -22,14 +22,7 @@ describe('an organisation not set up on chain', () => {
   before(async () => { t = await startTestService({ workers: false }); });
   after(async () => { await t.close(); });
 
-  /** The service's chain, whose sends all fail, as with an operator key that cannot pay fees. */
-  const unfundedChain = (): ChainClient => new Proxy(t.service.ctx.chain, {
-    get(target, property) {
-      if (property === 'execute') return async () => { throw new Error('the operator cannot pay the fee'); };
-      const value = Reflect.get(target, property) as unknown;
-      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-    },
-  });
+  const unfundedChain = (): ChainClient => unfundedChainOf(t.service.ctx.chain);
 
   /** A new organisation whose setup on chain failed: `pending`, its admin key shown all the same. */
   async function pendingOrganization(name: string): Promise<{ orgId: string; key: string }> {

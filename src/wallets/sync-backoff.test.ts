@@ -17,7 +17,7 @@ import type { ChainClient } from '../chain/client.ts';
 import { newId } from '../ids/ids.ts';
 import { bootstrapOrganizations, createOrganization } from '../organizations/organizations.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { unique } from '../../test/fixtures.ts';
+import { unfundedChain as unfundedChainOf, unique } from '../../test/fixtures.ts';
 import { syncPendingWallets, syncRetryDelayMs, syncWalletToChain } from './wallets.ts';
 
 interface SyncState {
@@ -32,14 +32,7 @@ describe('the wallets.sync back-off', () => {
   before(async () => { t = await startTestService({ workers: false }); });
   after(async () => { await t.close(); });
 
-  /** The service's chain, whose sends all fail, as with an operator key that cannot pay fees. */
-  const unfundedChain = (): ChainClient => new Proxy(t.service.ctx.chain, {
-    get(target, property) {
-      if (property === 'execute') return async () => { throw new Error('the operator cannot pay the fee'); };
-      const value = Reflect.get(target, property) as unknown;
-      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
-    },
-  });
+  const unfundedChain = (): ChainClient => unfundedChainOf(t.service.ctx.chain);
 
   async function pendingOrganization(): Promise<string> {
     let orgId: string | null = null;
