@@ -3,8 +3,8 @@
  * wallet, a fresh recipient address.
  */
 import assert from 'node:assert/strict';
-import { generateKeyPairSigner } from '@solana/kit';
-import type { ChainClient } from '../src/chain/client.ts';
+import { generateKeyPairSigner, lamports } from '@solana/kit';
+import { ChainClient } from '../src/chain/client.ts';
 import type { TestService } from './harness.ts';
 
 let counter = 0;
@@ -56,4 +56,19 @@ export function unfundedChain(chain: ChainClient): ChainClient {
       return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
     },
   });
+}
+
+/**
+ * Runs `work` with a client of the same chain and program signing with another key, funded with
+ * SOL: someone else, who can create the program's accounts at addresses the service will use.
+ */
+export async function withAnotherKey<T>(chain: ChainClient, work: (theirs: ChainClient) => Promise<T>): Promise<T> {
+  const [operator, arbiter] = await Promise.all([generateKeyPairSigner(), generateKeyPairSigner()]);
+  await chain.rpc.requestAirdrop(operator.address, lamports(10_000_000_000n)).send();
+  const theirs = new ChainClient({ rpc: chain.rpc, programId: chain.programId, usdcMint: chain.usdcMint, operator, arbiter });
+  try {
+    return await work(theirs);
+  } finally {
+    theirs.close();
+  }
 }

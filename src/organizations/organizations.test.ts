@@ -9,11 +9,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
-import { unfundedChain as unfundedChainOf } from '../../test/fixtures.ts';
+import { unfundedChain as unfundedChainOf, withAnotherKey } from '../../test/fixtures.ts';
 import { onDatabase, startTestService, type TestService } from '../../test/harness.ts';
 import { startSharedChain } from '../../test/shared-chain.ts';
-import { generateKeyPairSigner, lamports } from '@solana/kit';
-import { ChainClient } from '../chain/client.ts';
+import { lamports } from '@solana/kit';
+import type { ChainClient } from '../chain/client.ts';
 import { loadConfig } from '../config/config.ts';
 import { quoteIdentifier } from '../db/database.ts';
 import { buildService, type Service } from '../server.ts';
@@ -79,16 +79,10 @@ describe('creating an organisation', () => {
       name: 'Squatted', onCreated: (orgId, key) => { shown = { orgId, key: key.key }; },
     }));
     const { orgId, key } = shown as unknown as { orgId: string; key: string };
-    const own = t.service.ctx.chain;
-    const [squatter, arbiter] = await Promise.all([generateKeyPairSigner(), generateKeyPairSigner()]);
-    await own.rpc.requestAirdrop(squatter.address, lamports(10_000_000_000n)).send();
-    const theirs = new ChainClient({ rpc: own.rpc, programId: own.programId, usdcMint: own.usdcMint, operator: squatter, arbiter });
-    try {
+    await withAnotherKey(t.service.ctx.chain, async (theirs) => {
       const squatted = await theirs.execute([await theirs.initReserveIx(orgId)]);
       assert.equal(squatted.err, null);
-    } finally {
-      theirs.close();
-    }
+    });
 
     const failures: Array<{ orgId: string; message: string }> = [];
     await bootstrapOrganizations(t.service.ctx, null, { onPendingFailed: (id, error) => failures.push({ orgId: id, message: error.message }) });

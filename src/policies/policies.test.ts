@@ -8,10 +8,10 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { address, generateKeyPairSigner, lamports } from '@solana/kit';
-import { ChainClient } from '../chain/client.ts';
+import { address, generateKeyPairSigner } from '@solana/kit';
 import { NO_LIMIT } from '../chain/program.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
+import { withAnotherKey } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { AUDIT_PAGE_BYTES_MAX, syncPolicyToChain } from './policies.ts';
 
@@ -533,15 +533,10 @@ test('a policy account another key created first at its address is never marked 
     await t.service.ctx.db.query(
       `INSERT INTO policies (org_id, id, name, max_per_tx, chain_address, created_at, updated_at) VALUES ($1, $2, 'Squatted', $3, $4, $5, $5)`,
       [t.orgId, policyId, 5n * USDC, account, new Date(nowMs)]);
-    const [squatter, arbiter] = await Promise.all([generateKeyPairSigner(), generateKeyPairSigner()]);
-    await own.rpc.requestAirdrop(squatter.address, lamports(10_000_000_000n)).send();
-    const theirs = new ChainClient({ rpc: own.rpc, programId: own.programId, usdcMint: own.usdcMint, operator: squatter, arbiter });
-    try {
+    await withAnotherKey(own, async (theirs) => {
       const { err } = await theirs.execute([await theirs.setPolicyIx(t.orgId, policyId, { maxPerTx: 5n * USDC, maxPerDay: NO_LIMIT, expiry: 0n })]);
       assert.equal(err, null);
-    } finally {
-      theirs.close();
-    }
+    });
     const squatted = await own.getPolicy(account);
     assert.equal(squatted?.maxPerTx, 5n * USDC, 'the account holds the row\'s limits');
 

@@ -7,14 +7,14 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { address, generateKeyPairSigner, lamports } from '@solana/kit';
-import { ChainClient } from '../chain/client.ts';
+import { address } from '@solana/kit';
+import type { ChainClient } from '../chain/client.ts';
 import { runWalletAutomation } from '../automation/automation.ts';
 import { newId } from '../ids/ids.ts';
 import { bootstrapOrganizations, createOrganization } from '../organizations/organizations.ts';
 import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
 import { startTestService, type TestResponse, type TestService } from '../../test/harness.ts';
-import { unfundedChain as unfundedChainOf, unique } from '../../test/fixtures.ts';
+import { unfundedChain as unfundedChainOf, unique, withAnotherKey } from '../../test/fixtures.ts';
 import { syncWalletToChain } from './wallets.ts';
 
 describe('an organisation not set up on chain', () => {
@@ -78,17 +78,12 @@ describe('an organisation not set up on chain', () => {
     const { orgId, key } = await pendingOrganization('Squatted');
     const { ctx } = t.service;
     const agentId = unique('agent');
-    const [squatter, arbiter] = await Promise.all([generateKeyPairSigner(), generateKeyPairSigner()]);
-    await ctx.chain.rpc.requestAirdrop(squatter.address, lamports(10_000_000_000n)).send();
-    const theirs = new ChainClient({ rpc: ctx.chain.rpc, programId: ctx.chain.programId, usdcMint: ctx.chain.usdcMint, operator: squatter, arbiter });
-    try {
+    await withAnotherKey(ctx.chain, async (theirs) => {
       const moderate = PRESETS.find((preset) => preset.id === 'pol_moderate')!;
       const setUp = await theirs.execute([await theirs.initReserveIx(orgId), await theirs.setPolicyIx(orgId, moderate.id, chainLimitsOf(moderate.rules))]);
       assert.equal(setUp.err, null);
       assert.equal((await theirs.execute([await theirs.createVaultIx(orgId, agentId, moderate.id)])).err, null);
-    } finally {
-      theirs.close();
-    }
+    });
     const deposit = await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount: '10' } });
     assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
 

@@ -48,15 +48,23 @@ async function sameBlockhash(a: ChainClient, b: ChainClient): Promise<void> {
 }
 
 /**
- * A changes the wallet; B changes it back, then to A's state again, all within one blockhash:
- * B's last vault update has the instructions of A's, under the same blockhash.
+ * Two processes, A and B, each with its own chain client (its own blockhash cache and signature
+ * memory): A changes the wallet; B changes it back, then to A's state again, all within one
+ * blockhash, so B's last vault update has the instructions of A's under the same blockhash.
  */
-async function changeBackAndAgain(a: Ctx, b: Ctx, orgId: string, walletId: string,
+async function changeBackAndAgain(ctx: Ctx, orgId: string, walletId: string,
   there: UpdateWalletInput, back: UpdateWalletInput): Promise<void> {
-  await sameBlockhash(a.chain, b.chain);
-  await updateWallet(a, orgId, walletId, there);
-  await updateWallet(b, orgId, walletId, back);
-  await updateWallet(b, orgId, walletId, there);
+  const a = { ...ctx, chain: processClient(ctx.chain) };
+  const b = { ...ctx, chain: processClient(ctx.chain) };
+  try {
+    await sameBlockhash(a.chain, b.chain);
+    await updateWallet(a, orgId, walletId, there);
+    await updateWallet(b, orgId, walletId, back);
+    await updateWallet(b, orgId, walletId, there);
+  } finally {
+    a.chain.close();
+    b.chain.close();
+  }
 }
 
 /** The service's memos (`agent-vault:…`) of the transactions that touched the vault, oldest first, as the SPL Memo program logged them. */
@@ -110,14 +118,7 @@ describe('vault sync', () => {
   test('two processes: freeze, unfreeze, freeze again within one blockhash leaves the vault frozen', async () => {
     const wallet = await newWallet();
     const { ctx } = t.service;
-    const a = { ...ctx, chain: processClient(ctx.chain) };
-    const b = { ...ctx, chain: processClient(ctx.chain) };
-    try {
-      await changeBackAndAgain(a, b, t.orgId, wallet.wallet_id, { status: 'frozen' }, { status: 'active' });
-    } finally {
-      a.chain.close();
-      b.chain.close();
-    }
+    await changeBackAndAgain(ctx, t.orgId, wallet.wallet_id, { status: 'frozen' }, { status: 'active' });
     assert.equal((await ctx.chain.getVault(address(wallet.chain_address)))!.frozen, true, 'frozen on chain');
     assert.deepEqual(await rowOf(ctx.db, wallet.wallet_id),
       { status: 'frozen', policy_id: 'pol_moderate', chain_status: 'ready', sync_holder: null });
@@ -130,14 +131,7 @@ describe('vault sync', () => {
   test('two processes: policy P1 to P2, back to P1, to P2 again within one blockhash leaves the vault on P2', async () => {
     const wallet = await newWallet();
     const { ctx } = t.service;
-    const a = { ...ctx, chain: processClient(ctx.chain) };
-    const b = { ...ctx, chain: processClient(ctx.chain) };
-    try {
-      await changeBackAndAgain(a, b, t.orgId, wallet.wallet_id, { policyId: 'pol_conservative' }, { policyId: 'pol_moderate' });
-    } finally {
-      a.chain.close();
-      b.chain.close();
-    }
+    await changeBackAndAgain(ctx, t.orgId, wallet.wallet_id, { policyId: 'pol_conservative' }, { policyId: 'pol_moderate' });
     const vault = await ctx.chain.getVault(address(wallet.chain_address));
     assert.equal(vault!.policy, await ctx.chain.policyAddress(t.orgId, 'pol_conservative'), 'the vault is on P2');
     assert.deepEqual(await rowOf(ctx.db, wallet.wallet_id),
