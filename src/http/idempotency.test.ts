@@ -42,6 +42,20 @@ describe('idempotency keys', () => {
     assert.equal(runs, 1);
   });
 
+  test('a refusal of the credentials is not kept: a retry with valid ones runs, other refusals are replayed', async () => {
+    for (const code of ['session_token_expired', 'session_token_invalid', 'authentication_failed', 'insufficient_permissions'] as const) {
+      const key = newKey();
+      await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 500_000), async () => { throw new ServiceError(code, 'refused'); }),
+        (error: ServiceError) => error.code === code && !error.replayed);
+      assert.deepEqual(await runIdempotent(t.service.ctx.db, op(key, 500_001), async () => ({ status: 200, body: { paid: code } })),
+        { status: 200, body: { paid: code }, replayed: false });
+    }
+    const key = newKey();
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 500_000), async () => { throw new ServiceError('invalid_recipient', 'refused'); }));
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 500_001), async () => ({ status: 200, body: {} })),
+      (error: ServiceError) => error.code === 'invalid_recipient' && error.replayed === true);
+  });
+
   test('a first request that recorded its work and then failed is answered from the record, never run twice', async () => {
     const key = newKey();
     let runs = 0;

@@ -160,19 +160,30 @@ export async function runIdempotent(
   try {
     outcome = claim.mode === 'recover' ? await op.recover!(claim.resourceId) : await work(mark);
   } catch (error) {
-    if (error instanceof ServiceError && error.status < 500 && error.status !== 429 && !(error instanceof LeaseLostError)) {
+    if (error instanceof ServiceError && isKeptAnswer(error.status) && !(error instanceof LeaseLostError)) {
       outcome = { status: error.status, body: { error: { code: error.code, message: error.message, ...error.details } } };
       await finish(db, op.orgId, key, holder, outcome);
       throw error;
     }
-    // An answer a retry may change (5xx, 429): the lease ends now, so the retry takes the key
-    // over at once and answers with what was recorded, or runs again if nothing was.
+    // An answer a retry may change (5xx, 429, or one about the caller's credentials): the lease
+    // ends now, so the retry takes the key over at once and answers with what was recorded, or
+    // runs again if nothing was.
     await db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2 AND lease_holder = $4',
       [op.orgId, key, new Date(op.nowMs), holder]);
     throw error;
   }
   await finish(db, op.orgId, key, holder, outcome);
   return { ...outcome, replayed: false };
+}
+
+/**
+ * Whether an error answer is kept under the key and replayed. Not 5xx or 429 (try again later),
+ * nor 401 or 403: those describe the credentials presented (a revoked key, a session token
+ * rotated or expired while the request waited for its vault), not the request, and a retry with
+ * valid ones must make the payment rather than replay the refusal for 24 hours.
+ */
+function isKeptAnswer(status: number): boolean {
+  return status < 500 && status !== 429 && status !== 401 && status !== 403;
 }
 
 /** A purge run stops starting statements after this long; the next run (a minute later) goes on. */
