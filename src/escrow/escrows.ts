@@ -281,12 +281,13 @@ export async function createEscrow(
     });
 
     const decided = await ctx.db.transaction(async (tx) => {
-      const recordedMs = ctx.clock.nowMs();
       // Vaults in id order (lockEscrowVaults): a receiving vault ahead of the payer is locked
       // first, as the escrow's foreign key would lock it after.
       const receiverFirst = receiver.walletId !== null && receiver.walletId < input.fromWallet;
       if (receiverFirst) await assertReceiverOpen(tx, receiver);
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
+      // Read once the vault is locked, so no spend committed under the lock is later than it.
+      const recordedMs = ctx.clock.nowMs();
       if (!receiverFirst) await assertReceiverOpen(tx, receiver);
       const refusal = vaultRefusal(wallet, options.sessionKey ?? null, recordedMs);
       if (refusal) throw refusal;

@@ -9,7 +9,7 @@ import { after, before, describe, test, type TestContext } from 'node:test';
 import { address, createSolanaRpc } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
-import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../test/locks.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
@@ -832,6 +832,59 @@ describe('payments', () => {
       assert.equal(approved.status, 200, JSON.stringify(approved.body));
       assert.equal(approved.body.status, 'confirmed');
       assert.equal(await balanceOf(t, wallet.wallet_id), '8.00');
+    } finally {
+      await other.close();
+    }
+  });
+
+  // Guarantee: a payment is decided at a time no earlier than any spend committed before its
+  // vault's lock was granted (it read the clock before waiting for the lock), so every 24 h
+  // window ending at a recorded spend holds within maxPerDay.
+  test('a payment that waited for its vault behind a later spend is decided at that spend\'s time, never over the day\'s limit', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    try {
+      const wallet = await fundedWallet(t, '300', await newPolicy(t, { maxPerTx: '100', maxPerDay: '100' }));
+      const worker = await fundedWallet(t, '1');
+      const to = await newRecipient();
+      const pay = (amount: string) => t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount, currency: 'USDC' } });
+      assert.equal((await pay('60')).status, 200);
+      // 30 s before the 60 leaves the day's window.
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 24 * 3600 - 30 } });
+
+      // An escrow of 30, then a payment of 45, queue behind a transaction holding the vault; a
+      // minute passes. The escrow, granted first, spends 30 once the 60 has left (30 ≤ 100); the
+      // payment read its time a minute before, when the 60 still counted (60 + 45 > 100).
+      const held = await holdLocks(other, (tx) => tx.query('SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]));
+      let escrow: ReturnType<typeof pay> | undefined;
+      let payment: ReturnType<typeof pay> | undefined;
+      try {
+        escrow = t.request('POST', '/v1/payments/a2a', {
+          body: { fromWallet: wallet.wallet_id, toWallet: worker.wallet_id, amount: '30', currency: 'USDC', taskDescription: 'a task' },
+        });
+        await queuedBehind(t.service.ctx.db, held.pid, 1);
+        payment = pay('45');
+        await queuedBehind(t.service.ctx.db, held.pid, 2);
+        await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 60 } });
+      } finally {
+        held.release();
+        await held.done;
+      }
+      const opened = await escrow!;
+      assert.equal(opened.status, 200, JSON.stringify(opened.body));
+      const paid = await payment!;
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+
+      const spends = await t.service.ctx.db.query<{ id: string; type: string; spend_at_ms: bigint; amount: bigint }>(
+        'SELECT id, type, spend_at_ms, amount FROM transactions WHERE wallet_id = $1 AND spend_at_ms IS NOT NULL', [wallet.wallet_id]);
+      assert.equal(spends.length, 3);
+      const sent = spends.find((spend) => spend.type === 'a2a_send')!;
+      const last = spends.find((spend) => spend.id === paid.body.tx_id)!;
+      assert.ok(last.spend_at_ms >= sent.spend_at_ms, 'the payment is timed no earlier than the escrow committed before it');
+      for (const end of spends) {
+        const inWindow = spends.filter((spend) => spend.spend_at_ms > end.spend_at_ms - 86_400_000n && spend.spend_at_ms <= end.spend_at_ms);
+        assert.ok(inWindow.reduce((sum, spend) => sum + spend.amount, 0n) <= 100_000_000n, `the 24 h ending at ${end.id} holds within 100 USDC`);
+      }
     } finally {
       await other.close();
     }

@@ -39,7 +39,7 @@ import {
 } from '../wallets/wallets.ts';
 import { evaluate, type Violation } from './policy-engine.ts';
 import {
-  saveSpendWindows, saveSpendWindowsSql, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
+  latestSpendMs, saveSpendWindows, saveSpendWindowsSql, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
 } from './spend-state.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -382,11 +382,21 @@ interface Spent { amount: bigint; lastBlocked: boolean }
  */
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
-    const nowMs = ctx.clock.nowMs();
+    let nowMs = ctx.clock.nowMs();
     // Sent together, one round trip: the windows' statement runs after the locks are held.
-    const [{ wallets, liveKeys }, windows] = await Promise.all([
+    const [{ wallets, liveKeys }, read] = await Promise.all([
       lockWallets(tx, items), spendWindowsOf(tx, walletIdsOf(items), nowMs),
     ]);
+    // The time was read before the locks were waited for: a spend committed meanwhile (an
+    // approval, another process's batch, a clock ahead of this one) may be later, and the windows
+    // have moved past this time. Decided from then instead, so the windows are exact at the time
+    // recorded and no spend is recorded earlier than one committed before it.
+    let windows = read;
+    const latest = latestSpendMs(read);
+    if (latest > nowMs) {
+      nowMs = Math.max(ctx.clock.nowMs(), latest);
+      windows = await spendWindowsOf(tx, walletIdsOf(items), nowMs);
+    }
 
     const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
     const inserts: Array<NewTransaction & { id: string }> = [];

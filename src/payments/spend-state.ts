@@ -76,6 +76,16 @@ export async function spendWindowsOf(q: Queryable, walletIds: readonly string[],
   return windows;
 }
 
+/**
+ * The latest time the windows were moved to, over several vaults: a spend recorded then has
+ * slid each window to start at its time less the window's length (0 when none ever moved).
+ */
+export function latestSpendMs(windows: ReadonlyMap<string, SpendWindows>): number {
+  let latest = 0;
+  for (const w of windows.values()) latest = Math.max(latest, w.day.removedThroughMs + DAY_MS, w.hour.removedThroughMs + HOUR_MS);
+  return latest;
+}
+
 /** One vault's windows as they stand at `atMs` (moved forward; nothing written). */
 export async function spendWindowsAt(q: Queryable, walletId: string, atMs: number): Promise<SpendWindows> {
   return (await spendWindowsOf(q, [walletId], atMs)).get(walletId)!;
