@@ -508,6 +508,28 @@ describe('payments', () => {
     assert.deepEqual(windows.month, { key: now.toISOString().slice(0, 7), sum: 2_000_000n });
   });
 
+  test('a vault has at most 100 payments awaiting their co-signature; a decision makes room', async () => {
+    const wallet = await fundedWallet(t, '10', await newPolicy(t, { requireCoSign: '1' }));
+    const to = await newRecipient();
+    const answers = await Promise.all(Array.from({ length: 105 }, () => t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to, amount: '2', currency: 'USDC' },
+    })));
+    const waiting = answers.filter((answer) => answer.status === 200);
+    assert.equal(waiting.length, 100);
+    assert.ok(waiting.every((answer) => answer.body.approval?.status === 'awaiting'));
+    const refused = answers.filter((answer) => answer.status !== 200);
+    assert.ok(refused.every((answer) => answer.status === 400 && answer.body.error.code === 'invalid_request'
+      && /100 payments awaiting/.test(answer.body.error.message) && answer.body.error.wallet_id === wallet.wallet_id), JSON.stringify(refused[0]?.body));
+    assert.equal(await countRows(t, wallet.wallet_id), 100, 'the refused ones recorded nothing');
+
+    assert.equal((await t.request('POST', `/v1/payments/${waiting[0]!.body.tx_id}/reject`)).status, 200);
+    const next = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '2', currency: 'USDC' } });
+    assert.equal(next.status, 200, JSON.stringify(next.body));
+    assert.equal(next.body.approval?.status, 'awaiting');
+    const below = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' } });
+    assert.equal(below.body.status, 'confirmed', 'a payment that does not wait is not counted');
+  });
+
   test('an approval judged by the vault\'s new policy names that policy', async () => {
     const first = await newPolicy(t, { requireCoSign: '3' });
     const second = await newPolicy(t, { maxPerTx: '1' });

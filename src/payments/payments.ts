@@ -48,6 +48,12 @@ type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 export const MEMO_MAX_CHARS = 500;
 /** How long a payment waits for its co-signature before it is blocked. */
 export const APPROVAL_TTL_MS = 24 * 60 * 60 * 1000;
+/**
+ * Payments of one vault awaiting their co-signature at once: each is a row, an event and its
+ * webhook deliveries, and an operator's decision; an agent looping above the threshold would
+ * otherwise fill the approval queue without bound (nothing is debited while they wait).
+ */
+export const AWAITING_PER_WALLET_MAX = 100;
 /** How long a request waits for the chain before answering `pending`. */
 export const PAYMENT_WAIT_MS = 20_000;
 
@@ -402,6 +408,8 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
     const inserts: Array<NewTransaction & { id: string }> = [];
     const spent = new Map<string, Spent>();
     const counted = new Map<string, SpendWindows>();
+    /** each vault's payments awaiting their co-signature, counted under its lock when one more would wait */
+    const awaitingCounts = new Map<string, number>();
     for (const item of items) {
       const { input, recipient } = item;
       const wallet = wallets.get(input.walletId);
@@ -436,6 +444,14 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         continue;
       }
       const awaiting = decision.requiresApproval;
+      if (awaiting) {
+        const waiting = awaitingCounts.get(wallet.id) ?? await awaitingCountOf(tx, wallet.id);
+        if (waiting >= AWAITING_PER_WALLET_MAX) {
+          outcomes.push({ ok: false, error: tooManyAwaiting(wallet.id) });
+          continue;
+        }
+        awaitingCounts.set(wallet.id, waiting + 1);
+      }
       inserts.push({
         id: item.txId, orgId: wallet.org_id, walletId: wallet.id, type: 'payment', amount: input.amount, recipient: input.to,
         policyId: wallet.policy_id, memo: input.memo, attestationHash: item.attestation,
@@ -468,6 +484,18 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
       ? { ok: true as const, value: { kind: 'recorded' as const, row: rows[outcome.recorded]!, awaiting: outcome.awaiting } }
       : outcome));
   });
+}
+
+async function awaitingCountOf(tx: Queryable, walletId: string): Promise<number> {
+  const [row] = await tx.query<{ n: number }>(
+    `SELECT count(*)::int AS n FROM transactions WHERE wallet_id = $1 AND approval_expires_at IS NOT NULL AND status = 'pending'`, [walletId]);
+  return row!.n;
+}
+
+function tooManyAwaiting(walletId: string): ServiceError {
+  return new ServiceError('invalid_request',
+    `Wallet ${walletId} has ${AWAITING_PER_WALLET_MAX} payments awaiting their co-signature, the most it may have: approve or reject some first.`,
+    { wallet_id: walletId });
 }
 
 /**
