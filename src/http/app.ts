@@ -62,6 +62,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
 
+  // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused
+  // as "must be object" instead of asking for the content type the API takes.
+  app.removeContentTypeParser('text/plain');
   app.decorateRequest('principal', null);
   let closing = false;
   app.addHook('preClose', async () => { closing = true; });
@@ -162,10 +165,7 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
 /** Every failure becomes one code of the closed list; nothing internal reaches the client. */
 function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: number): ServiceError {
   if (error instanceof ServiceError) return error;
-  const fastifyError = error as FastifyError & {
-    validation?: Array<{ instancePath: string; params: Record<string, unknown>; message?: string; parentSchema?: Record<string, unknown> }>;
-    validationContext?: string;
-  };
+  const fastifyError = error as FastifyError & { validation?: ValidationFailure[]; validationContext?: string };
   if (fastifyError.validation && fastifyError.validation.length) {
     const first = fastifyError.validation[0]!;
     const path = first.instancePath.replace(/^\//, '').replace(/\//g, '.');
@@ -174,7 +174,7 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
     const param = extra ?? missing ?? (path || fastifyError.validationContext || 'body');
     const message = extra ? `Unknown field "${param}".`
       : missing ? `Missing required field "${param}".`
-        : `Invalid value for "${param}": ${first.message ?? 'not allowed'}.`;
+        : `Invalid value for "${param}": ${failureText(first, fastifyError.validation)}.`;
     const code = first.parentSchema?.[ERROR_CODE_KEYWORD] as ErrorCode | undefined;
     return new ServiceError(code ?? 'invalid_request', message, { param: toSnakeCase(param) });
   }
@@ -197,6 +197,31 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
     return new ServiceError('invalid_request', 'The request is malformed.', { param: 'body' });
   }
   return new ServiceError('internal_error', 'An internal error occurred.');
+}
+
+/** An Ajv error, with the schema and data `verbose` adds. */
+interface ValidationFailure {
+  instancePath: string;
+  keyword: string;
+  params: Record<string, unknown>;
+  message?: string;
+  parentSchema?: Record<string, unknown>;
+  data?: unknown;
+}
+
+/**
+ * What is wrong with a value, said so that the client can fix it: a value outside a fixed list
+ * (a union of constants: one error per constant, at the same place) names the values taken; a
+ * JSON number where a string is expected (amounts are decimal strings) shows how to send it.
+ */
+function failureText(first: ValidationFailure, all: readonly ValidationFailure[]): string {
+  const allowed = all.filter((failure) => failure.instancePath === first.instancePath && failure.keyword === 'const')
+    .map((failure) => failure.params.allowedValue);
+  if (first.keyword === 'const' && allowed.length > 1) return `must be one of ${allowed.map((value) => JSON.stringify(value)).join(', ')}`;
+  if (first.keyword === 'type' && first.params.type === 'string' && typeof first.data === 'number') {
+    return `must be a string, such as "${first.data}" (amounts are decimal strings)`;
+  }
+  return first.message ?? 'not allowed';
 }
 
 /** Network failures of a connection (to PostgreSQL, to an RPC node). */

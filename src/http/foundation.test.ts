@@ -334,6 +334,36 @@ describe('request conventions', () => {
     assert.match(big.body.error.message, /larger than/);
   });
 
+  test('a body of another content type, even one that parses, is asked for as application/json', async () => {
+    const key = await t.createKey('admin');
+    for (const contentType of ['text/plain', 'text/plain; charset=utf-8']) {
+      const text = await t.request('POST', '/v1/wallets', { key, body: '{}', headers: { 'content-type': contentType } });
+      assert.equal(text.status, 400);
+      assert.equal(text.body.error.code, 'invalid_request');
+      assert.equal(text.body.error.message, 'Send the body as application/json.');
+    }
+  });
+
+  test('a value outside a fixed list names the values taken; an amount sent as a JSON number says to send a string', async () => {
+    const key = await t.createKey('admin');
+    const status = await t.request('GET', '/v1/transactions?status=bogus', { key });
+    assert.equal(status.status, 400);
+    assert.equal(status.body.error.param, 'status');
+    assert.match(status.body.error.message, /^Invalid value for "status": must be one of "confirmed", "pending", "blocked", "failed"\.$/);
+    const format = await t.request('POST', '/v1/transactions/export', { key, body: { format: 'xml' } });
+    assert.equal(format.status, 400);
+    assert.match(format.body.error.message, /must be one of "csv", "json", "jsonl"/);
+
+    const amount = await t.request('POST', '/v1/payments', { key, body: { walletId: 'wal_x', to: 'x', amount: 0.25, currency: 'USDC' } });
+    assert.equal(amount.status, 400);
+    assert.equal(amount.body.error.code, 'invalid_amount');
+    assert.equal(amount.body.error.message, 'Invalid value for "amount": must be a string, such as "0.25" (amounts are decimal strings).');
+    const limit = await t.request('POST', '/v1/policies', { key, body: { name: 'numbers', maxPerTx: 5 } });
+    assert.equal(limit.status, 400);
+    assert.equal(limit.body.error.code, 'invalid_request');
+    assert.match(limit.body.error.message, /must be a string, such as "5" \(amounts are decimal strings\)/);
+  });
+
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {
     const key = await t.createKey('admin');
     const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: `empty-body-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });
