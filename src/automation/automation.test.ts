@@ -5,12 +5,14 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
+import type { Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, type HeldLocks } from '../../test/locks.ts';
 import { encodeBase58 } from '../chain/base58.ts';
+import { ChainUnavailableError } from '../chain/client.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
-import { expirePolicies, largeTransactionAlerts, runWalletAutomation } from './automation.ts';
+import { expirePolicies, largeTransactionAlerts, runWalletAutomation, scanAlerts } from './automation.ts';
 import { EVENT_TYPES } from '../events/events.ts';
 
 describe('events, wallet states and automation', () => {
@@ -26,6 +28,22 @@ describe('events, wallet states and automation', () => {
     `/v1/events?type=${type}&limit=100${walletId ? `&walletId=${walletId}` : ''}`)).body.data as Array<{
       type: string; severity: string; wallet_id: string | null; details: Record<string, unknown>; timestamp: string;
     }>;
+  /**
+   * The chain's outcome of the vault's auto-topups sent and not settled yet: the automation job
+   * sends a topup without waiting for it, and its next run settles what the chain has then.
+   */
+  const topupsOnChain = async (walletId: string) => {
+    const sent = await t.service.ctx.db.query<{ tx_signature: string }>(
+      `SELECT tx_signature FROM transactions WHERE wallet_id = $1 AND memo = $2 AND status = 'pending'`, [walletId, AUTO_TOPUP_MEMO]);
+    await Promise.all(sent.map((row) => t.service.ctx.chain.waitForOutcome(row.tx_signature as Signature, 10_000)));
+  };
+  /** `times` runs of every job, each followed by the chain's outcome of the topups it sent for `walletId`. */
+  const tick = async (walletId: string, times = 2) => {
+    for (let i = 0; i < times; i += 1) {
+      await t.service.jobs.runOnce();
+      await topupsOnChain(walletId);
+    }
+  };
   const statusOf = async (walletId: string) => (await t.request('GET', `/v1/wallets/${walletId}`)).body.status;
   const listed = async (status: string, walletId: string) => (await t.request('GET', `/v1/wallets?status=${status}&limit=100`)).body.data
     .some((w: { wallet_id: string }) => w.wallet_id === walletId);
@@ -201,8 +219,7 @@ describe('events, wallet states and automation', () => {
     assert.equal(set.status, 200, JSON.stringify(set.body));
     await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
     assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
-    await t.service.jobs.runOnce();
-    await t.service.jobs.runOnce();
+    await tick(wallet.wallet_id, 3);
     assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     const funded = await eventsOf('wallet.funded', wallet.wallet_id);
     assert.deepEqual(funded.map((e) => e.details.source), ['auto_topup', 'reserve']);
@@ -224,7 +241,7 @@ describe('events, wallet states and automation', () => {
     await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '3' } });
     assert.equal((await t.request('PUT', `/v1/wallets/${low2.wallet_id}/auto-topup`,
       { body: { enabled: true, triggerBelow: '5', topupAmount: '3' } })).status, 200);
-    for (let i = 0; i < 3; i += 1) await t.service.jobs.runOnce();
+    await tick(low2.wallet_id, 3);
     assert.equal(await balanceOf(t, low2.wallet_id), '4.00', 'one topup, though 4.00 is still below the trigger');
   });
 
@@ -234,10 +251,10 @@ describe('events, wallet states and automation', () => {
     await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '30' } });
     assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
       { body: { enabled: true, triggerBelow: '10', topupAmount: '10' } })).status, 200);
-    await t.service.jobs.runOnce();
+    await tick(wallet.wallet_id);
     assert.equal(await balanceOf(t, wallet.wallet_id), '19.00');
     assert.equal((await pay(wallet.wallet_id, '10')).status, 200);
-    await t.service.jobs.runOnce();
+    await tick(wallet.wallet_id);
     assert.equal(await balanceOf(t, wallet.wallet_id), '19.00', 'a second topup');
     const sources = (await eventsOf('wallet.funded', wallet.wallet_id)).map((e) => e.details.source);
     assert.equal(sources.filter((source) => source === 'auto_topup').length, 2);
@@ -247,12 +264,11 @@ describe('events, wallet states and automation', () => {
     const setTopup = (enabled: boolean) => t.request('PUT', `/v1/wallets/${low.wallet_id}/auto-topup`,
       { body: { enabled, triggerBelow: '5', topupAmount: '1' } });
     assert.equal((await setTopup(true)).status, 200);
-    await t.service.jobs.runOnce();
-    await t.service.jobs.runOnce();
+    await tick(low.wallet_id, 3);
     assert.equal(await balanceOf(t, low.wallet_id), '2.00', 'once, though still below the trigger');
     assert.equal((await setTopup(false)).status, 200);
     assert.equal((await setTopup(true)).status, 200);
-    await t.service.jobs.runOnce();
+    await tick(low.wallet_id);
     assert.equal(await balanceOf(t, low.wallet_id), '3.00', 'again once turned on again');
 
     // balance.low: funded back above the threshold and spent below it between two ticks.
@@ -318,7 +334,6 @@ describe('events, wallet states and automation', () => {
     const reserve = async () => (await t.request('GET', '/v1/organization', { key })).body.reserve.usdc_balance as string;
     const eventsOfVault = async (type: string) => (await t.settled(), await t.request('GET',
       `/v1/events?type=${type}&walletId=${wallet.wallet_id}&limit=100`, { key })).body.data as Array<{ details: Record<string, unknown> }>;
-    const tick = async (times: number) => { for (let i = 0; i < times; i += 1) await t.service.jobs.runOnce(); };
 
     const wallet = await fundedWallet(t, '15', 'pol_permissive', key); // the whole reserve, into the vault
     const other = await fundedWallet(t, '1', 'pol_permissive', key);
@@ -329,7 +344,7 @@ describe('events, wallet states and automation', () => {
     const paid = await t.request('POST', '/v1/payments',
       { key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '10', currency: 'USDC' } });
     assert.equal(paid.status, 200, JSON.stringify(paid.body));
-    await tick(3);
+    await tick(wallet.wallet_id, 3);
     assert.equal(await balanceOf(t, wallet.wallet_id, key), '5.00', 'the reserve (20.00) cannot cover 50.00');
     const shortfall = [['auto_topup_reserve_insufficient', '5.00', '50.00', '20.00']];
     const told = async () => (await eventsOfVault('balance.low'))
@@ -337,7 +352,7 @@ describe('events, wallet states and automation', () => {
     assert.deepEqual(await told(), shortfall);
 
     await deposit('10');
-    await tick(3);
+    await tick(wallet.wallet_id, 3);
     assert.equal(await balanceOf(t, wallet.wallet_id, key), '5.00', 'still short (30.00): nothing made');
     assert.deepEqual(await told(), shortfall, 'nor told again');
 
@@ -364,7 +379,7 @@ describe('events, wallet states and automation', () => {
     assert.deepEqual(await told(), shortfall, 'the same shortfall: not told again');
 
     await deposit('100');
-    await tick(3);
+    await tick(wallet.wallet_id, 3);
     assert.equal(await balanceOf(t, wallet.wallet_id, key), '55.00', '5.00 + one topup of 50.00');
     assert.equal(await reserve(), '80.00');
     assert.deepEqual((await eventsOfVault('wallet.funded')).map((e) => e.details.source), ['auto_topup', 'reserve']);
@@ -412,7 +427,7 @@ describe('events, wallet states and automation', () => {
       letGo();
       await first?.catch(() => {});
     }
-    await t.service.jobs.runOnce();
+    await tick(wallet.wallet_id);
     assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     const sources = (await eventsOf('wallet.funded', wallet.wallet_id)).map((e) => e.details.source);
     assert.deepEqual(sources, ['auto_topup', 'reserve']);
@@ -445,6 +460,7 @@ describe('events, wallet states and automation', () => {
       held.release();
       await held.done;
       assert.deepEqual(await automation, { topups: 1, lowBalance: 0 });
+      await topupsOnChain(wallet.wallet_id);
       await runWalletAutomation(t.service.ctx);
       assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     } finally {
@@ -490,8 +506,7 @@ describe('events, wallet states and automation', () => {
     assert.equal((await pay(lost.wallet_id, '6')).status, 200);
     const before = await reserveMicro();
     await recordTopup(lost.wallet_id, true);
-    await t.service.jobs.runOnce(); // the reconciler fails it; the automation, later in the same run, tops up
-    await t.service.jobs.runOnce();
+    await tick(lost.wallet_id); // the reconciler fails it; the automation, later in the same run, tops up
     assert.deepEqual(await fundingsOf(lost.wallet_id), [['failed', 'Expired'], ['confirmed', null]]);
     assert.equal(await balanceOf(t, lost.wallet_id), '14.00', '4.00 + one topup of 10.00');
     assert.equal(await reserveMicro(), before - 10_000_000n, 'the expired topup\'s amount came back; the real one was taken');
@@ -505,6 +520,155 @@ describe('events, wallet states and automation', () => {
     await reconcilePending(t.service.ctx);
     await runWalletAutomation(t.service.ctx);
     assert.deepEqual(await fundingsOf(later.wallet_id), [['failed', 'Expired'], ['pending', null]]);
+  });
+
+  /** An organisation of its own, its reserve holding `reserve`, with `count` vaults of 10.00 whose auto-topup (10.00 below 5.00) a payment of 6.00 made due. */
+  const dueVaults = async (name: string, count: number, reserve: string) => {
+    const { adminKey: key } = await t.createOrganization(name);
+    const ids: string[] = [];
+    for (let i = 0; i < count; i += 1) {
+      const wallet = await fundedWallet(t, '10', 'pol_permissive', key);
+      const set = await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+        { key, body: { enabled: true, triggerBelow: '5', topupAmount: '10' } });
+      assert.equal(set.status, 200, JSON.stringify(set.body));
+      const paid = await t.request('POST', '/v1/payments',
+        { key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '6', currency: 'USDC' } });
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+      ids.push(wallet.wallet_id);
+    }
+    assert.equal((await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount: reserve } })).status, 200);
+    return { key, ids };
+  };
+  const topupsOf = async (ids: string[]) => t.service.ctx.db.query<{ wallet_id: string; status: string; tx_signature: string }>(
+    'SELECT wallet_id, status, tx_signature FROM transactions WHERE wallet_id = ANY($1) AND memo = $2 ORDER BY wallet_id', [ids, AUTO_TOPUP_MEMO]);
+
+  // Guarantee: one run of the job records and sends every due vault's topup without waiting for
+  // the chain to confirm any (the next run settles them): a run costs no slot per vault, so a
+  // chain slow to confirm holds up neither the other vaults' topups nor balance.low.
+  test('one run sends every due vault\'s topup without waiting for any to confirm; the next run settles them', async () => {
+    const { ctx } = t.service;
+    const { key, ids } = await dueVaults('Many topups', 3, '30');
+    await runWalletAutomation(ctx);
+    const sent = await topupsOf(ids);
+    assert.deepEqual(sent.map((row) => [row.wallet_id, row.status]), ids.sort().map((id) => [id, 'pending']),
+      'every topup recorded and sent, none waited for');
+    assert.equal((await t.request('GET', '/v1/organization', { key })).body.reserve.usdc_balance, '0.00', 'the reserve debited for each');
+    await Promise.all(sent.map((row) => ctx.chain.waitForOutcome(row.tx_signature as Signature, 10_000)));
+    await runWalletAutomation(ctx);
+    assert.deepEqual((await topupsOf(ids)).map((row) => row.status), ['confirmed', 'confirmed', 'confirmed']);
+    for (const id of ids) {
+      assert.equal(await balanceOf(t, id, key), '14.00', '4.00 + one topup of 10.00');
+      const funded = (await t.request('GET', `/v1/events?type=wallet.funded&walletId=${id}`, { key })).body.data;
+      assert.deepEqual(funded.map((e: { details: { source: string } }) => e.details.source), ['auto_topup', 'reserve']);
+    }
+  });
+
+  // Guarantee: a chain that does not answer costs a run of the job one call's timeout, not one
+  // per due vault; nothing is recorded, and the vaults are topped up once it answers again.
+  test('a chain that does not answer ends the run\'s topups at the first; the next tick makes them all', async () => {
+    const { ctx } = t.service;
+    const { ids } = await dueVaults('Chain away', 3, '30');
+    const prepare = ctx.chain.prepare;
+    let asked = 0;
+    ctx.chain.prepare = async () => {
+      asked += 1;
+      throw new ChainUnavailableError('getLatestBlockhash', 10_000);
+    };
+    try {
+      assert.deepEqual(await runWalletAutomation(ctx), { topups: 0, lowBalance: 0 });
+    } finally {
+      ctx.chain.prepare = prepare;
+    }
+    assert.equal(asked, 1, 'the other vaults did not wait out the same timeout');
+    assert.deepEqual(await topupsOf(ids), [], 'nothing recorded');
+    await runWalletAutomation(ctx);
+    assert.deepEqual((await topupsOf(ids)).map((row) => row.wallet_id), ids.sort());
+  });
+
+  // Guarantee: money withdrawn to the reserve is not a spend: auto-topup does not refill a vault
+  // its operator emptied (to archive it, say), whether its topup was free to fire or waiting for
+  // the reserve to cover it; after a credit, the next spend below the trigger tops up as before.
+  test('a withdrawal below the trigger starts no auto-topup: the vault can be archived; a spend after a credit tops up again', async () => {
+    const { adminKey: key } = await t.createOrganization('Archiving with auto-topup');
+    const deposit = async (amount: string) =>
+      assert.equal((await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount } })).status, 200);
+    const setTopup = async (walletId: string, topupAmount: string) => assert.equal((await t.request('PUT',
+      `/v1/wallets/${walletId}/auto-topup`, { key, body: { enabled: true, triggerBelow: '5', topupAmount } })).status, 200);
+    const withdraw = async (walletId: string, amount: string) => {
+      const withdrawn = await t.request('POST', `/v1/wallets/${walletId}/withdraw`, { key, body: { amount } });
+      assert.equal(withdrawn.body.status, 'confirmed', JSON.stringify(withdrawn.body));
+    };
+    const spend = async (walletId: string, amount: string) => t.request('POST', '/v1/payments',
+      { key, body: { walletId, to: await newRecipient(), amount, currency: 'USDC' } });
+    const fundings = async (walletId: string) => (await t.request('GET',
+      `/v1/wallets/${walletId}/transactions?type=funding&limit=100`, { key })).body.data.length;
+
+    const emptied = await fundedWallet(t, '10', 'pol_permissive', key);
+    await deposit('50');
+    await setTopup(emptied.wallet_id, '10');
+    await withdraw(emptied.wallet_id, 'all');
+    await tick(emptied.wallet_id);
+    assert.equal(await balanceOf(t, emptied.wallet_id, key), '0.00', 'not refilled');
+    assert.equal(await fundings(emptied.wallet_id), 1, 'its first funding only');
+    const archived = await t.request('DELETE', `/v1/wallets/${emptied.wallet_id}`, { key });
+    assert.equal(archived.status, 200, JSON.stringify(archived.body));
+    assert.equal(archived.body.status, 'archived');
+
+    // A vault whose topup waits for the reserve (a shortfall), emptied: a deposit does not refill it.
+    const waiting = await fundedWallet(t, '10', 'pol_permissive', key);
+    await setTopup(waiting.wallet_id, '1000');
+    assert.equal((await spend(waiting.wallet_id, '6')).status, 200);
+    await tick(waiting.wallet_id);
+    assert.equal((await t.request('GET', `/v1/events?type=balance.low&walletId=${waiting.wallet_id}`, { key })).body.data[0].details.reason,
+      'auto_topup_reserve_insufficient');
+    await withdraw(waiting.wallet_id, 'all');
+    await deposit('1000');
+    await tick(waiting.wallet_id);
+    assert.equal(await balanceOf(t, waiting.wallet_id, key), '0.00', 'not refilled by the deposit');
+    assert.equal((await t.request('DELETE', `/v1/wallets/${waiting.wallet_id}`, { key })).status, 200);
+
+    const kept = await fundedWallet(t, '10', 'pol_permissive', key);
+    await setTopup(kept.wallet_id, '10');
+    await withdraw(kept.wallet_id, '6');
+    await tick(kept.wallet_id);
+    assert.equal(await balanceOf(t, kept.wallet_id, key), '4.00', 'not refilled after a partial withdrawal either');
+    assert.equal((await t.request('POST', `/v1/wallets/${kept.wallet_id}/fund`, { key, body: { amount: '2' } })).body.status, 'confirmed');
+    assert.equal((await spend(kept.wallet_id, '2')).status, 200);
+    await tick(kept.wallet_id);
+    assert.equal(await balanceOf(t, kept.wallet_id, key), '14.00', '4.00 + one topup of 10.00');
+  });
+
+  // Guarantee: a policy's expiry writes its vaults' events in one statement however many vaults
+  // it freezes, so their locks are held for that statement, not for a round trip per vault.
+  // Counted by a statement trigger on events, as src/db/database.test.ts counts writes.
+  test('a policy\'s expiry writes every frozen vault\'s event and policy.expired in one statement', async () => {
+    const { ctx } = t.service;
+    const policyId = await newPolicy(t, { expiry: new Date(ctx.clock.nowMs() + 3_600_000).toISOString() });
+    const wallets = [await fundedWallet(t, '1', policyId), await fundedWallet(t, '1', policyId), await fundedWallet(t, '1', policyId)];
+    await ctx.db.query('CREATE TABLE expiry_statements (events int NOT NULL)');
+    await ctx.db.query(`CREATE FUNCTION count_expiry_statements() RETURNS TRIGGER LANGUAGE plpgsql AS $$
+      BEGIN
+        INSERT INTO expiry_statements SELECT count(*) FROM inserted WHERE payload->>'policy_id' = '${policyId}' HAVING count(*) > 0;
+        RETURN NULL;
+      END $$`);
+    await ctx.db.query(`CREATE TRIGGER count_expiry_statements AFTER INSERT ON events REFERENCING NEW TABLE AS inserted
+      FOR EACH STATEMENT EXECUTE FUNCTION count_expiry_statements()`);
+    try {
+      await advance(3601);
+      assert.ok(await expirePolicies(ctx) >= 1);
+      const statements = await ctx.db.query<{ events: number }>('SELECT events FROM expiry_statements');
+      assert.deepEqual(statements.map((row) => row.events), [4], 'three wallet.frozen and policy.expired, in one statement');
+    } finally {
+      await ctx.db.query('DROP TRIGGER count_expiry_statements ON events');
+      await ctx.db.query('DROP FUNCTION count_expiry_statements()');
+      await ctx.db.query('DROP TABLE expiry_statements');
+    }
+    for (const wallet of wallets) {
+      assert.equal(await statusOf(wallet.wallet_id), 'frozen');
+      assert.deepEqual((await eventsOf('wallet.frozen', wallet.wallet_id)).map((e) => e.details.reason), ['policy_expired']);
+    }
+    const expired = (await eventsOf('policy.expired')).filter((e) => e.details.policy_id === policyId);
+    assert.deepEqual(expired.map((e) => [...(e.details.frozen_wallets as string[])].sort()), [wallets.map((w) => w.wallet_id).sort()]);
   });
 
   test('balance.low fires once each time the balance falls below the vault\'s threshold', async () => {
@@ -603,6 +767,35 @@ describe('events, wallet states and automation', () => {
     await t.settled();
     const alerts = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${wallet.wallet_id}`, { key: busy.adminKey })).body.data;
     assert.deepEqual(alerts.map((e: { details: { alert: string } }) => e.details.alert), ['velocity_spike']);
+  });
+
+  // Guarantee: a velocity spike is not alerted for an archived vault (nobody acts on it, and it
+  // can pay no more); a frozen vault's is, as the spike happened.
+  test('a burst of payments raises no velocity alert for a vault archived since; a frozen one\'s does', async () => {
+    const { adminKey: key } = await t.createOrganization('Burst then archive');
+    assert.equal((await t.request('PUT', '/v1/alerts', {
+      key, body: { policyViolation: true, inactivityHours: null, velocityPerHour: 2, largeTransactionAbove: null },
+    })).status, 200);
+    const burst = async () => {
+      const wallet = await fundedWallet(t, '3', 'pol_permissive', key);
+      for (let k = 0; k < 3; k += 1) {
+        const paid = await t.request('POST', '/v1/payments', {
+          key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+        });
+        assert.equal(paid.status, 200, JSON.stringify(paid.body));
+      }
+      return wallet.wallet_id;
+    };
+    const [archived, frozen] = [await burst(), await burst()];
+    await t.settled();
+    const deleted = await t.request('DELETE', `/v1/wallets/${archived}`, { key });
+    assert.equal(deleted.status, 200, JSON.stringify(deleted.body));
+    assert.equal((await t.request('PATCH', `/v1/wallets/${frozen}`, { key, body: { status: 'frozen' } })).status, 200);
+    await scanAlerts(t.service.ctx);
+    const alerts = async (walletId: string) => (await t.request('GET', `/v1/events?type=alert.raised&walletId=${walletId}`, { key }))
+      .body.data.map((e: { details: { alert: string } }) => e.details.alert);
+    assert.deepEqual(await alerts(archived), []);
+    assert.deepEqual(await alerts(frozen), ['velocity_spike']);
   });
 
   test('alerts: settings read back; large transaction, velocity spike, inactivity and policy violation raise alert.raised once', async () => {

@@ -6,21 +6,22 @@
  * - policy expiry: when a policy's expiry passes, every active vault attached to it freezes
  *   (`wallet.frozen`, reason `policy_expired`) and `policy.expired` is written, once per expiry
  *   (a PATCH that sets a new expiry starts another);
- * - auto-topup: when an active vault is below its `trigger_below` (after a debit, or already
- *   when auto-topup is turned on), the reserve funds
- *   `topup_amount` once; a reserve too small raises `balance.low` instead, once, and the topup
- *   is made when the reserve can cover it; it fires again only after the balance was back at or
- *   above the trigger — never a loop;
+ * - auto-topup: when an active vault is below its `trigger_below` (after a spend, or already
+ *   when auto-topup is turned on; a withdrawal takes the latch instead), the reserve funds
+ *   `topup_amount` once, recorded and sent without waiting for the chain; a reserve too small
+ *   raises `balance.low` instead, once, and the topup is made when the reserve can cover it; it
+ *   fires again only after the balance was back at or above the trigger — never a loop;
  * - balance.low: once each time a vault's balance falls below its low-balance threshold;
  * - alerts (per-organisation settings, `alert.raised`): inactivity, velocity spike, large
  *   transaction, policy violation.
  */
+import { ChainUnavailableError } from '../chain/client.ts';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { recordEvent, recordEvents, type NewEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { formatUsdc } from '../money/money.ts';
-import { AUTO_TOPUP_MEMO, type TransactionRow } from '../transactions/settlement.ts';
+import { AUTO_TOPUP_MEMO, settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
 import { fundWallets } from '../wallets/funding.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -50,18 +51,20 @@ export async function expirePolicies(ctx: Ctx): Promise<number> {
         `UPDATE wallets SET status = 'frozen', chain_status = 'pending', updated_at = $3
          WHERE id IN (SELECT id FROM wallets WHERE org_id = $1 AND policy_id = $2 AND status = 'active' ORDER BY id FOR UPDATE)
          RETURNING id, agent_id, label`, [orgId, id, now]);
-      for (const wallet of frozen) {
-        await recordEvent(tx, now.getTime(), {
+      // One statement for all their events: the vaults' locks (thousands, for a policy many vaults
+      // share) are held no longer than that.
+      await recordEvents(tx, now.getTime(), [
+        ...frozen.map((wallet): NewEvent => ({
           orgId, type: 'wallet.frozen', walletId: wallet.id,
           summary: `Wallet ${wallet.label} frozen: its policy ${policy.name} expired`,
           payload: { wallet_id: wallet.id, agent_id: wallet.agent_id, reason: 'policy_expired', policy_id: id },
-        });
-      }
-      await recordEvent(tx, now.getTime(), {
-        orgId, type: 'policy.expired',
-        summary: `Policy ${policy.name} expired; ${frozen.length} vault${frozen.length === 1 ? '' : 's'} frozen`,
-        payload: { policy_id: id, name: policy.name, expiry: policy.expiry.toISOString(), frozen_wallets: frozen.map((w) => w.id) },
-      });
+        })),
+        {
+          orgId, type: 'policy.expired',
+          summary: `Policy ${policy.name} expired; ${frozen.length} vault${frozen.length === 1 ? '' : 's'} frozen`,
+          payload: { policy_id: id, name: policy.name, expiry: policy.expiry.toISOString(), frozen_wallets: frozen.map((w) => w.id) },
+        },
+      ]);
       return true;
     });
     if (done) expired += 1;
@@ -82,8 +85,24 @@ function lowBalanceEvent(
   };
 }
 
+/** Sent topups settled per run: one status call to the chain. */
+const SENT_TOPUPS_MAX = 256;
+
+/**
+ * Settles the topups earlier runs sent (they are not waited for) whose outcome the chain has, in
+ * one bounded read of the chain (settleKnownOutcomes): a vault is credited a tick after its topup
+ * rather than when the reconciler gets to it. What this leaves, the reconciler settles.
+ */
+async function settleSentTopups(ctx: Ctx): Promise<void> {
+  const sent = await ctx.db.query<TransactionRow>(
+    `SELECT * FROM transactions WHERE status = 'pending' AND type = 'funding' AND memo = $1 AND tx_signature IS NOT NULL
+     ORDER BY created_at LIMIT ${SENT_TOPUPS_MAX}`, [AUTO_TOPUP_MEMO]);
+  await settleKnownOutcomes(ctx, sent);
+}
+
 /** The `wallets.automation` job: auto-topups and balance.low. */
 export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; lowBalance: number }> {
+  await settleSentTopups(ctx);
   const now = new Date(ctx.clock.nowMs());
   // Latches re-arm as the balance is written back at or above their trigger (migration 0018),
   // or when the trigger or threshold is set again: nothing to scan for here (but for topups the
@@ -131,18 +150,27 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
     /** Whether the latch was taken in the funding's transaction (which then commits, but for a failure of the commit itself). */
     let latched = false;
     try {
+      // Recorded and sent, not waited for (the next run settles it): a run lasts no slot per
+      // vault, and a chain that does not confirm holds up neither balance.low nor other vaults.
       await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], async (tx) => {
         if (!await takeLatch(tx, wallet.id, false)) throw new TopupNotDue();
         latched = true;
-      }, { memo: AUTO_TOPUP_MEMO });
+      }, { memo: AUTO_TOPUP_MEMO, wait: false });
       topups += 1;
     } catch (error) {
       if (error instanceof TopupNotDue) continue; // another process took it, or the vault moved meanwhile
       if (latched) {
-        // Recorded, then not seen through (sending or settling it failed): the reconciler settles
-        // it, and a topup that never ran is tried again then (the funding's failure rule).
+        // The latch was taken, then the commit failed to answer: whatever it wrote, the
+        // reconciler settles, and a topup that never ran is tried again then (the funding's
+        // failure rule).
         ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup recorded but not seen through; the reconciler settles it');
         continue;
+      }
+      if (error instanceof ChainUnavailableError) {
+        // Nothing recorded, and every other topup would wait out the same timeout: they are all
+        // tried at the next tick.
+        ctx.log.warn({ err: error }, 'the chain did not answer; auto-topups retried at the next tick');
+        break;
       }
       if (error instanceof ServiceError && error.code === 'org_insufficient_balance') {
         // The reserve cannot cover it: said once, with the latch marked as taken for that reason,
@@ -273,11 +301,12 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
   // is at the vault's next payment), then counted exactly. A vault that has not paid for an hour
   // has nothing in the window whatever its stored count says: left out, so that vaults which
   // once spiked and went quiet never fill the batch ahead of one spiking now. The most recent
-  // payers come first.
+  // payers come first. An archived vault is left out (it can pay no more); a frozen one is not:
+  // its spike happened.
   const candidates = await ctx.db.query<{ id: string; org_id: string; per_hour: number }>(
     `SELECT w.id, w.org_id, a.velocity_per_hour AS per_hour FROM wallets w
      JOIN alert_settings a ON a.org_id = w.org_id JOIN spend_windows s ON s.wallet_id = w.id
-     WHERE a.velocity_per_hour IS NOT NULL AND s.hour_count > a.velocity_per_hour
+     WHERE a.velocity_per_hour IS NOT NULL AND s.hour_count > a.velocity_per_hour AND w.status <> 'archived'
        AND w.last_transaction_at > $1::timestamptz - INTERVAL '1 hour'
        AND (w.velocity_alerted_at IS NULL OR w.velocity_alerted_at <= $1::timestamptz - INTERVAL '1 hour')
      ORDER BY w.last_transaction_at DESC
@@ -289,7 +318,7 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
     if (count <= wallet.per_hour) continue;
     raised += await ctx.db.transaction(async (tx) => {
       const claimed = await tx.query(
-        `UPDATE wallets SET velocity_alerted_at = $2 WHERE id = $1
+        `UPDATE wallets SET velocity_alerted_at = $2 WHERE id = $1 AND status <> 'archived'
            AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
       if (!claimed.length) return 0;
       await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'velocity_spike',

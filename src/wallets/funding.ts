@@ -48,13 +48,17 @@ async function lockReserve(tx: Queryable, orgId: string): Promise<bigint> {
   return rows[0]!.reserve_balance;
 }
 
-async function settle(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow[]): Promise<MoveResult> {
+async function send(ctx: Ctx, prepared: PreparedTransaction): Promise<void> {
   try {
     await ctx.chain.submit(prepared);
   } catch (error) {
     // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a transaction failed');
   }
+}
+
+async function settle(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow[]): Promise<MoveResult> {
+  await send(ctx, prepared);
   const settlement = await awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS);
   const ids = recorded.map((row) => row.id);
   const rows = await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1) ORDER BY id', [ids]);
@@ -76,10 +80,12 @@ export interface Allocation {
 
 /**
  * Funds one or more vaults of the organisation from its reserve in one chain transaction:
- * every allocation succeeds or none does.
+ * every allocation succeeds or none does. `wait: false` returns once it is recorded and sent,
+ * `pending`, for a caller that must not wait for the chain (the automation job, which funds
+ * vault after vault): a read, that job's next run or the reconciler settles it.
  */
 export async function fundWallets(
-  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker, options: { memo?: string } = {},
+  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker, options: { memo?: string; wait?: boolean } = {},
 ): Promise<MoveResult> {
   const seen = new Set<string>();
   for (const allocation of allocations) {
@@ -127,6 +133,10 @@ export async function fundWallets(
     await mark?.(tx, prepared.signature);
     return rows;
   });
+  if (options.wait === false) {
+    await send(ctx, prepared);
+    return { transactions: recorded, status: 'pending' };
+  }
   return settle(ctx, prepared, recorded);
 }
 
@@ -163,7 +173,18 @@ export async function withdrawFromWallet(
           `Wallet ${walletId} holds ${formatUsdc(locked.balance)} USDC; ${formatUsdc(wanted)} USDC was asked.`,
           { wallet_id: walletId, available: formatUsdc(locked.balance) });
       }
-      await tx.query('UPDATE wallets SET balance = balance - $2 WHERE id = $1', [walletId, wanted]);
+      // Money going back to the reserve is not a spend: a withdrawal that leaves the balance below
+      // the auto-topup trigger takes the episode's latch, as a topup does (not for a reserve
+      // shortfall: a deposit must not refill it either), so the vault is not refilled behind an
+      // operator emptying it to archive it. The latch re-arms when the balance is back at or
+      // above the trigger (migration 0018), so the next spend below it after a credit tops up.
+      await tx.query(
+        `UPDATE wallets SET balance = balance - $2,
+           topup_fired_at = CASE WHEN auto_topup_enabled AND balance - $2 < auto_topup_trigger_below
+             THEN COALESCE(topup_fired_at, $3) ELSE topup_fired_at END,
+           topup_reserve_short_at = CASE WHEN auto_topup_enabled AND balance - $2 < auto_topup_trigger_below
+             THEN NULL ELSE topup_reserve_short_at END
+         WHERE id = $1`, [walletId, wanted, new Date(ctx.clock.nowMs())]);
       const org = await tx.query<{ reserve_address: string }>('SELECT reserve_address FROM organizations WHERE id = $1', [orgId]);
       const row = await insertTransaction(tx, ctx.clock.nowMs(), {
         id: txId, orgId, walletId, type: 'withdrawal', amount: wanted, recipient: org[0]!.reserve_address,
