@@ -96,6 +96,7 @@ describe('assertPublicUrl', () => {
       'http://[::1]/', 'http://[::]/', 'http://[::ffff:127.0.0.1]/', 'http://[::ffff:a9fe:a9fe]/', 'http://[fe80::1]/',
       'http://[fd00::1]/', 'http://[ff02::1]/', 'http://[64:ff9b::7f00:1]/', 'https://224.0.0.1/', 'http://255.255.255.255/']) {
       assert.equal(refusal(url).code, 'invalid_request', url);
+      assert.match(refusal(url).message, /AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on/, 'says how a local development service allows them');
     }
   });
 

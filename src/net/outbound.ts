@@ -163,9 +163,12 @@ export function assertPublicUrl(url: string, options: { allowPrivate: boolean; p
   if (options.allowPrivate) return parsed;
   // Every trailing dot: `localhost..` is localhost too.
   const host = hostOf(parsed).toLowerCase().replace(/\.+$/, '');
-  if (host === 'localhost' || host.endsWith('.localhost')) refuse('must not point at localhost');
+  // The service's operator can allow such targets for local development: said in the refusal, as
+  // the developer who meets it first is often also the one running the service.
+  const allowing = ' (a service run for local development can allow them: AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on)';
+  if (host === 'localhost' || host.endsWith('.localhost')) refuse(`must not point at localhost${allowing}`);
   if (isIP(host) && !isPublicAddress(host)) {
-    refuse('must point at a public address (loopback, private, link-local, CGNAT and reserved addresses are refused)');
+    refuse(`must point at a public address: loopback, private, link-local, CGNAT and reserved addresses are refused${allowing}`);
   }
   return parsed;
 }
