@@ -2,8 +2,9 @@
  * Webhook deliveries end to end: events made through the API reach real HTTP receivers on
  * 127.0.0.1 (AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS on), signed as docs/webhooks.md says; the retry
  * schedule on the test clock; degradation, pausing and re-enabling; redirects; a worker that
- * dies mid-attempt, and a sending thread that does; secret rotation; and, on PostgreSQL, several dispatchers on one database
- * and a webhook deleted while its attempts are recorded.
+ * dies mid-attempt, and a sending thread that does; secret rotation; and, on PostgreSQL, several dispatchers on one database,
+ * a webhook deleted while its attempts are recorded, deliveries paused, resumed or expired while their successes are
+ * recorded, and an event whose transaction is open across its webhook's re-enabling.
  *
  * Receivers record the service clock at each arrival, so the schedule is checked in business
  * time; the test clock is advanced to just before each due time (nothing may arrive) and then
@@ -18,16 +19,19 @@ import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
-import { openDatabase } from '../db/database.ts';
-import { recordEvents } from '../events/events.ts';
+import { openDatabase, type Queryable } from '../db/database.ts';
+import { recordEvent, recordEvents } from '../events/events.ts';
 import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
 import {
-  claimDueAttempts, claimStream, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordAttempt, recordSuccesses, sendStream, STREAM_START_WITHIN_MS,
+  claimDueAttempts, claimStream, DELIVERY_LOG_RETENTION_MS, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordAttempt,
+  recordSuccesses, sendStream, settleLostFinalAttempts, STREAM_START_WITHIN_MS,
 } from './delivery.ts';
 import { AttemptSender } from './sender.ts';
 import { deleteWebhook } from './webhooks.ts';
 import { startReceiver, type ReceivedRequest, type Receiver } from './testing.ts';
+
+const FAILED = { succeeded: false, statusCode: 500, latencyMs: 5, error: 'The endpoint answered 500: a 2xx is required.', responseExcerpt: null };
 
 /** SPEC.md: attempt 2 after 1 minute, 3 after 5 minutes, 4 after 30 minutes, 5 after 2 hours. */
 const RETRY_DELAYS_MS = [60_000, 300_000, 1_800_000, 7_200_000] as const;
@@ -842,5 +846,248 @@ describe('webhook deliveries', () => {
       await deleting.close();
       await holding.close();
     }
+  });
+
+  /**
+   * Statements that change many deliveries at once, racing the recording of successes of the
+   * same deliveries on a second connection (PGlite has one: these skip). Each locks them in id
+   * order (docs/webhooks.md "Lock order"), so neither deadlocks. And an event whose transaction
+   * is open across its webhook's re-enabling.
+   */
+  describe('races on PostgreSQL', () => {
+    before(() => {
+      receiver.reply = (request) => (request.path.startsWith('/failing') ? { status: 500 } : { status: 200 });
+    });
+    after(() => {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+    });
+
+    async function raceWebhook(path: string) {
+      const org = await t.createOrganization(`Races ${path}`);
+      const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url(path), events: ['policy.created'] } });
+      assert.equal(created.status, 200, JSON.stringify(created.body));
+      return { key: org.adminKey, orgId: org.orgId, webhookId: created.body.webhook_id as string };
+    }
+    async function statuses(webhookId: string): Promise<Record<string, string>> {
+      const rows = await t.service.ctx.db.query<{ id: string; status: string }>(
+        'SELECT id, status FROM webhook_deliveries WHERE webhook_id = $1', [webhookId]);
+      return Object.fromEntries(rows.map((row) => [row.id, row.status]));
+    }
+    /**
+     * Two deliveries whose first attempt failed, pending, returned older (lower id) first. The
+     * older event's transaction was slow to commit: its delivery is written and attempted after
+     * the newer one's, so that any plan of a statement changing both meets the newer one first (in
+     * table order, in the order they are due, and newest first as the index listing a webhook's
+     * deliveries does) unless it sorts them by id.
+     */
+    async function twoPendingDeliveries(key: string, orgId: string, webhookId: string): Promise<[string, string]> {
+      const before = Object.keys(await statuses(webhookId));
+      const olderAtMs = t.service.ctx.clock.nowMs();
+      await advance(1);
+      await newPolicyEvent(key, 'Race');
+      await t.service.jobs.runOnce();
+      await recordEvent(t.service.ctx.db, olderAtMs, { orgId, type: 'policy.created', summary: 'slow to commit', payload: {} });
+      await t.service.jobs.runOnce();
+      const [older, newer] = Object.keys(await statuses(webhookId)).filter((id) => !before.includes(id)).sort();
+      assert.ok(older && newer, 'two new deliveries');
+      return [older, newer];
+    }
+    /** What recordSuccesses does with two deliveries, split at its first lock: the older one taken and held. */
+    const lockOlder = (older: string) => (tx: Queryable) => tx.query('SELECT id FROM webhook_deliveries WHERE id = $1 FOR UPDATE', [older]);
+    /** …then the newer one, and both delivered. */
+    const deliverBoth = (older: string, newer: string) => async (tx: Queryable) => {
+      await tx.query('SELECT id FROM webhook_deliveries WHERE id = $1 FOR UPDATE', [newer]);
+      await tx.query(
+        `UPDATE webhook_deliveries SET status = 'delivered', delivered_at = $2, next_attempt_at = NULL, updated_at = $2 WHERE id = ANY($1::text[])`,
+        [[older, newer], new Date(t.service.ctx.clock.nowMs())]);
+    };
+
+    /**
+     * Disabling a webhook pauses its pending deliveries, locking them in id order, as the
+     * recording of successes does: it waits for the older one the recording holds without holding
+     * the newer one the recording needs next. Taken newest first (the order of the index that
+     * lists a webhook's deliveries), the two deadlocked and PostgreSQL aborted one: a 500 to the
+     * PATCH, or acknowledged deliveries left to be sent again.
+     */
+    test('PATCH disabled while successes of its deliveries are being recorded: both finish, no deadlock', async (context) => {
+      const other = await secondConnection(t, context);
+      if (!other) return;
+      try {
+        const { key, orgId, webhookId } = await raceWebhook('/failing-disabled');
+        const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
+
+        const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
+        const patched = t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } });
+        await queuedBehind(other, held.pid, 1);
+        held.release();
+        await held.done;
+        const answer = await patched;
+        assert.equal(answer.status, 200, JSON.stringify(answer.body));
+        assert.equal(answer.body.status, 'disabled');
+        assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' }, 'acknowledged deliveries stay delivered');
+      } finally {
+        await other.close();
+      }
+    });
+
+    /** The same for re-enabling, which resumes the paused deliveries: a success delivers a paused delivery too. */
+    test('PATCH active while successes of its paused deliveries are being recorded: both finish, no deadlock', async (context) => {
+      const other = await secondConnection(t, context);
+      if (!other) return;
+      try {
+        const { key, orgId, webhookId } = await raceWebhook('/failing-enabled');
+        const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
+        assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).status, 200);
+
+        const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
+        const patched = t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } });
+        await queuedBehind(other, held.pid, 1);
+        held.release();
+        await held.done;
+        const answer = await patched;
+        assert.equal(answer.status, 200, JSON.stringify(answer.body));
+        assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' });
+      } finally {
+        await other.close();
+      }
+    });
+
+    /** The same for the fifth failure of a run, which degrades the webhook and pauses its other pending deliveries. */
+    test('a last attempt failing while successes of the webhook\'s other deliveries are being recorded: it degrades, no deadlock', async (context) => {
+      const other = await secondConnection(t, context);
+      if (!other) return;
+      try {
+        const { key, orgId, webhookId } = await raceWebhook('/failing-degraded');
+        await newPolicyEvent(key, 'Race');
+        await t.service.jobs.runOnce();
+        const [exhausted] = Object.keys(await statuses(webhookId));
+        // Attempts 2 to 4 of the first event fail; then two later events' first attempts.
+        for (const seconds of [60, 300, 1_800]) {
+          await advance(seconds);
+          await t.service.jobs.runOnce();
+        }
+        const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
+        assert.ok(exhausted && exhausted < older, 'the exhausted delivery is the oldest');
+        await advance(7_200);
+        const claims = (await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 50)).filter((c) => c.webhookId === webhookId);
+        const last = claims.find((claim) => claim.deliveryId === exhausted);
+        assert.ok(last?.final && claims.length === 3, 'attempt 5 of the first and attempt 2 of the others are claimed');
+
+        const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
+        const failed = recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), last, FAILED);
+        await queuedBehind(other, held.pid, 1);
+        held.release();
+        const outcomes = await Promise.allSettled([held.done, failed]);
+        assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+        const webhook = await t.request('GET', `/v1/webhooks/${webhookId}`, { key });
+        assert.equal(webhook.body.status, 'degraded');
+        assert.deepEqual(await statuses(webhookId), { [exhausted]: 'paused', [older]: 'delivered', [newer]: 'delivered' });
+      } finally {
+        await other.close();
+      }
+    });
+
+    /**
+     * A late success of the delivery whose fifth attempt failed or was lost (an earlier attempt of
+     * it overlapping: docs/webhooks.md "Sending"), recorded with an older delivery's. The failure
+     * that may degrade the webhook locks its delivery with the pending ones the degrading pauses,
+     * in one pass in id order; locking its own first, it held what the recording needed next
+     * while waiting for the older one the recording held.
+     */
+    for (const ending of ['failed', 'lost'] as const) {
+      test(`a last attempt ${ending} while a late success of it is recorded with an older delivery's: no deadlock, both delivered`, async (context) => {
+        const other = await secondConnection(t, context);
+        if (!other) return;
+        try {
+          const { key, orgId, webhookId } = await raceWebhook(`/failing-late-success-${ending}`);
+          const olderAtMs = t.service.ctx.clock.nowMs();
+          await advance(1);
+          await newPolicyEvent(key, 'Race');
+          await t.service.jobs.runOnce();
+          const [exhausted] = Object.keys(await statuses(webhookId));
+          for (const seconds of [60, 300, 1_800]) {
+            await advance(seconds);
+            await t.service.jobs.runOnce();
+          }
+          // An older event, whose transaction was slow to commit: its first attempt fails now.
+          await recordEvent(t.service.ctx.db, olderAtMs, { orgId, type: 'policy.created', summary: 'slow to commit', payload: {} });
+          await t.service.jobs.runOnce();
+          const [older] = Object.keys(await statuses(webhookId)).filter((id) => id !== exhausted);
+          assert.ok(exhausted && older && older < exhausted, 'the other delivery is the older one');
+          await advance(7_200);
+          const claims = (await claimDueAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs(), 50)).filter((c) => c.webhookId === webhookId);
+          const last = claims.find((claim) => claim.deliveryId === exhausted);
+          assert.ok(last?.final && claims.length === 2, 'attempt 5 of the one and attempt 2 of the older are claimed');
+          // A lost one counts as failed once its lease has run out.
+          if (ending === 'lost') await advance(FINAL_ATTEMPT_LEASE_MS / 1000 + 1);
+
+          const held = await holdLocks(other, lockOlder(older), deliverBoth(older, exhausted));
+          const settled = ending === 'failed'
+            ? recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), last, FAILED)
+            : settleLostFinalAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs());
+          await queuedBehind(other, held.pid, 1);
+          held.release();
+          const outcomes = await Promise.allSettled([held.done, settled]);
+          assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+          assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'a delivered delivery degrades nothing');
+          assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [exhausted]: 'delivered' });
+        } finally {
+          await other.close();
+        }
+      });
+    }
+
+    /**
+     * Re-enabling a disabled webhook restarts its stream at the oldest transaction still running,
+     * not at the PATCH's own: an event whose transaction began before the PATCH and commits after
+     * it is delivered. Started at the PATCH's transaction, the stream skipped it (below its
+     * position), and the disabling had not kept it either (not committed yet).
+     */
+    test('an event written by a transaction open while the webhook is re-enabled, committed after, is delivered', async (context) => {
+      const other = await secondConnection(t, context);
+      if (!other) return;
+      try {
+        const { key, orgId, webhookId } = await raceWebhook('/reenabled-across');
+        assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).status, 200);
+        let eventId = '';
+        const writing = await holdLocks(other, async (tx) => {
+          eventId = (await recordEvent(tx, t.service.ctx.clock.nowMs(), {
+            orgId, type: 'policy.created', summary: 'written across the re-enabling', payload: { policy_id: 'pol_race' },
+          })).id;
+        });
+        const enabled = await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } });
+        assert.equal(enabled.status, 200, JSON.stringify(enabled.body));
+        writing.release();
+        await writing.done;
+
+        await t.service.jobs.runOnce();
+        assert.deepEqual(arrivals('/reenabled-across').map((r) => r.body.id), [eventId]);
+        const log = await t.request('GET', `/v1/webhooks/${webhookId}/deliveries`, { key });
+        assert.deepEqual(log.body.data.map((d: { event_id: string; status: string }) => [d.event_id, d.status]), [[eventId, 'delivered']]);
+      } finally {
+        await other.close();
+      }
+    });
+
+    /** Likewise the retention job, which gives up deliveries still undelivered after 30 days. */
+    test('deliveries expiring while their successes are being recorded: both finish, no deadlock', async (context) => {
+      const other = await secondConnection(t, context);
+      if (!other) return;
+      try {
+        const { key, orgId, webhookId } = await raceWebhook('/failing-expiring');
+        const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
+        await advance(DELIVERY_LOG_RETENTION_MS / 1000 + 1);
+
+        const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
+        const expired = expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs());
+        await queuedBehind(other, held.pid, 1);
+        held.release();
+        const outcomes = await Promise.allSettled([held.done, expired]);
+        assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+        assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' });
+      } finally {
+        await other.close();
+      }
+    });
   });
 });

@@ -28,7 +28,7 @@ import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { DELIVERY_TIMEOUT_MS, type AttemptRequest, type AttemptResult, type SendOptions, type SentAttempt, type Signing } from './attempt.ts';
 import { AttemptSenderError } from './sender.ts';
-import { deliveryIdOf, getWebhook, webhookNotFound } from './webhooks.ts';
+import { deliveryIdOf, getWebhook, lockPendingDeliveries, pausePendingDeliveries, webhookNotFound } from './webhooks.ts';
 
 /** SPEC: 5 attempts: immediately, then after 1 min, 5 min, 30 min and 2 h. */
 export const ATTEMPTS_PER_RUN = 5;
@@ -184,9 +184,7 @@ async function degradeWebhook(tx: Queryable, webhookId: string, now: Date): Prom
     `UPDATE webhooks SET status = 'degraded', degraded_at = $2, updated_at = $2 WHERE id = $1 AND status = 'active' RETURNING id`,
     [webhookId, now]);
   if (!rows.length) return false;
-  await tx.query(
-    `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
-     WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
+  await pausePendingDeliveries(tx, webhookId, now);
   return true;
 }
 
@@ -195,14 +193,19 @@ async function degradeWebhook(tx: Queryable, webhookId: string, now: Date): Prom
  * a failure of the last attempt of a run pauses the delivery and degrades the webhook, unless a
  * later attempt was claimed meanwhile (then that one decides). A ping is never retried.
  *
- * Locks are always taken webhook, then delivery, then attempt (as updateWebhook and
- * settleLostFinalAttempts do), so these transactions cannot deadlock one another.
+ * Locks are taken in the one order of docs/webhooks.md "Lock order": the webhook, then
+ * deliveries in one pass in id order, then attempts. A failure that may degrade the webhook
+ * therefore locks this delivery together with the pending ones the degrading pauses, in one
+ * pass: taking this one first, then lower ids, it could deadlock with recordSuccesses.
  */
 export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedAttempt, result: AttemptResult): Promise<void> {
   const now = new Date(nowMs);
   const exhausts = !result.succeeded && claim.final && !claim.ping && claim.body !== null;
   await db.transaction(async (tx) => {
-    if (exhausts) await tx.query('SELECT id FROM webhooks WHERE id = $1 FOR NO KEY UPDATE', [claim.webhookId]);
+    if (exhausts) {
+      await tx.query('SELECT id FROM webhooks WHERE id = $1 FOR NO KEY UPDATE', [claim.webhookId]);
+      await lockPendingDeliveries(tx, claim.webhookId, claim.deliveryId);
+    }
     const [delivery] = await tx.query<Pick<DeliveryRow, 'status' | 'attempts' | 'run_start'>>(
       'SELECT status, attempts, run_start FROM webhook_deliveries WHERE id = $1 FOR UPDATE', [claim.deliveryId]);
     // Deleted with its webhook meanwhile: nothing left to record.
@@ -275,6 +278,8 @@ export async function settleLostFinalAttempts(db: Database, nowMs: number): Prom
   for (const { webhook_id: webhookId } of webhooks) {
     settled += await db.transaction(async (tx) => {
       await tx.query('SELECT id FROM webhooks WHERE id = $1 FOR NO KEY UPDATE', [webhookId]);
+      // The lost ones and those the degrading pauses, in one pass in id order (docs/webhooks.md "Lock order").
+      await lockPendingDeliveries(tx, webhookId);
       const lost = await tx.query<{ id: string }>(
         `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $1
          WHERE webhook_id = $2 AND ${due} RETURNING id`, [now, webhookId]);
@@ -601,20 +606,29 @@ export async function expireDeliveryLog(
   const cutoff = new Date(nowMs - DELIVERY_LOG_RETENTION_MS);
   const now = new Date(nowMs);
   const budget = { batch: options.batch ?? RETENTION_BATCH, budgetMs: RETENTION_RUN_MS };
+  // Each batch is picked by its index, then locked in id order (docs/webhooks.md "Lock order").
   const expired = await inBatches(async (batch) => (await db.query<{ n: number }>(
-    `WITH given_up AS (
-       UPDATE webhook_deliveries SET status = 'failed', failure_reason = 'expired', next_attempt_at = NULL, updated_at = $2
+    `WITH locked AS (
+       SELECT id FROM webhook_deliveries
        WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('pending', 'paused') AND created_at < $1 LIMIT $3)
          AND status IN ('pending', 'paused')
+       ORDER BY id FOR UPDATE
+     ), given_up AS (
+       UPDATE webhook_deliveries d SET status = 'failed', failure_reason = 'expired', next_attempt_at = NULL, updated_at = $2
+       FROM locked WHERE d.id = locked.id
        RETURNING 1
      ) SELECT count(*)::int AS n FROM given_up`, [cutoff, now, batch]))[0]!.n, budget);
   // A finished delivery gets no new attempt, so its attempts can go in the same statement
   // (the log has no foreign keys: migration 0016).
   const deleted = await inBatches(async (batch) => (await db.query<{ n: number }>(
-    `WITH gone AS (
-       DELETE FROM webhook_deliveries
+    `WITH locked AS (
+       SELECT id FROM webhook_deliveries
        WHERE id IN (SELECT id FROM webhook_deliveries WHERE status IN ('delivered', 'failed') AND updated_at < $1 LIMIT $2)
-       RETURNING id
+         AND status IN ('delivered', 'failed') AND updated_at < $1
+       ORDER BY id FOR UPDATE
+     ), gone AS (
+       DELETE FROM webhook_deliveries d USING locked WHERE d.id = locked.id
+       RETURNING d.id
      ), attempts AS (
        DELETE FROM webhook_attempts WHERE delivery_id IN (SELECT id FROM gone)
      )

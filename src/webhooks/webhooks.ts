@@ -193,7 +193,10 @@ const DISABLE_KEEPS_MAX = 10_000;
  *   not delivered;
  * - to `active` (from `degraded` or `disabled`): every paused delivery starts a new run of
  *   five attempts, the first one due at once; from `disabled`, the webhook's stream of events
- *   starts again at this transaction.
+ *   starts again at the oldest transaction still running (the horizon), not at this one, so
+ *   that an event whose transaction began before this one and commits after it is delivered.
+ *   The price, at least once: events that transactions from the horizon on committed while it
+ *   was disabled are delivered too, and one kept paused at the disabling may be sent twice.
  */
 export async function updateWebhook(
   db: Database, nowMs: number, orgId: string, webhookId: string, change: WebhookChange, policy: UrlPolicy,
@@ -206,20 +209,16 @@ export async function updateWebhook(
       'SELECT * FROM webhooks WHERE org_id = $1 AND id = $2 FOR NO KEY UPDATE', [orgId, webhookId]);
     if (!current) throw webhookNotFound(webhookId);
     const status = change.status ?? current.status;
-    // Events written while it was disabled are not for it: re-enabled, its stream starts from now.
+    // Events written while it was disabled are not for it: re-enabled, its stream starts from the horizon.
     const restartsStream = status === 'active' && current.status === 'disabled';
     if (status === 'disabled' && current.status !== 'disabled') await keepUntakenEvents(tx, webhookId, now);
     const rows = await tx.query<WebhookRow>(
       `UPDATE webhooks SET url = $3, events = $4, status = $5, updated_at = $6,
-         stream_xact = CASE WHEN $7 THEN pg_current_xact_id() ELSE stream_xact END,
+         stream_xact = CASE WHEN $7 THEN pg_snapshot_xmin(pg_current_snapshot()) ELSE stream_xact END,
          stream_event_id = CASE WHEN $7 THEN '' ELSE stream_event_id END
        WHERE org_id = $1 AND id = $2 RETURNING *`,
       [orgId, webhookId, url ?? current.url, events ?? current.events, status, now, restartsStream]);
-    if (status === 'disabled' && current.status !== 'disabled') {
-      await tx.query(
-        `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
-         WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
-    }
+    if (status === 'disabled' && current.status !== 'disabled') await pausePendingDeliveries(tx, webhookId, now);
     if (status === 'active' && current.status !== 'active') await resumePausedDeliveries(tx, webhookId, now);
     return rows[0]!;
   });
@@ -231,7 +230,8 @@ export async function updateWebhook(
  * (committed when this statement began; not only those below the horizon a claim waits for,
  * since the stream never takes the rest once disabled): each gets its delivery, paused, so that
  * re-enabling sends it like any delivery paused then. The stream itself starts again at the
- * re-enabling, past all of them.
+ * re-enabling's horizon, past all of them unless a transaction older than one of theirs is still
+ * running then (updateWebhook).
  */
 async function keepUntakenEvents(tx: Queryable, webhookId: string, now: Date): Promise<void> {
   const events = await tx.query<{ id: string; org_id: string; type: string; created_at: Date }>(
@@ -250,8 +250,30 @@ async function keepUntakenEvents(tx: Queryable, webhookId: string, now: Date): P
       events.map((e) => e.type), events.map((e) => e.created_at)]);
 }
 
-/** A paused delivery restarts its schedule: a new run of five attempts, the first due now. */
+/**
+ * Locks a webhook's pending deliveries (pings aside: a ping is never paused) and `alsoId` if
+ * given, in id order: every transaction that locks several deliveries takes them in one pass in
+ * id order (docs/webhooks.md "Lock order"). An UPDATE alone takes them in its plan's order,
+ * newest first by the index that lists a webhook's deliveries, say, while recordSuccesses takes
+ * them oldest first: each could hold a delivery the other waits for, until PostgreSQL aborts one.
+ */
+export async function lockPendingDeliveries(tx: Queryable, webhookId: string, alsoId: string | null = null): Promise<void> {
+  await tx.query(
+    `SELECT id FROM webhook_deliveries WHERE webhook_id = $1 AND (id = $2 OR (status = 'pending' AND event_type <> 'ping'))
+     ORDER BY id FOR UPDATE`, [webhookId, alsoId]);
+}
+
+/** Pauses a webhook's pending deliveries, pings aside; the caller holds the webhook's row, so no other becomes pending meanwhile. */
+export async function pausePendingDeliveries(tx: Queryable, webhookId: string, now: Date): Promise<void> {
+  await lockPendingDeliveries(tx, webhookId);
+  await tx.query(
+    `UPDATE webhook_deliveries SET status = 'paused', next_attempt_at = NULL, updated_at = $2
+     WHERE webhook_id = $1 AND status = 'pending' AND event_type <> 'ping'`, [webhookId, now]);
+}
+
+/** A paused delivery restarts its schedule: a new run of five attempts, the first due now. Locked in id order, as above. */
 async function resumePausedDeliveries(tx: Queryable, webhookId: string, now: Date): Promise<void> {
+  await tx.query(`SELECT id FROM webhook_deliveries WHERE webhook_id = $1 AND status = 'paused' ORDER BY id FOR UPDATE`, [webhookId]);
   await tx.query(
     `UPDATE webhook_deliveries SET status = 'pending', run_start = attempts, next_attempt_at = $2, updated_at = $2
      WHERE webhook_id = $1 AND status = 'paused'`, [webhookId, now]);
