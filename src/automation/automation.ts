@@ -94,9 +94,10 @@ const SENT_TOPUPS_MAX = 256;
  * rather than when the reconciler gets to it. What this leaves, the reconciler settles.
  */
 async function settleSentTopups(ctx: Ctx): Promise<void> {
+  // The memo as a literal, as migration 0032's index names it: a parameter would not match it.
   const sent = await ctx.db.query<TransactionRow>(
-    `SELECT * FROM transactions WHERE status = 'pending' AND type = 'funding' AND memo = $1 AND tx_signature IS NOT NULL
-     ORDER BY created_at LIMIT ${SENT_TOPUPS_MAX}`, [AUTO_TOPUP_MEMO]);
+    `SELECT * FROM transactions WHERE status = 'pending' AND type = 'funding' AND memo = '${AUTO_TOPUP_MEMO}' AND tx_signature IS NOT NULL
+     ORDER BY created_at LIMIT ${SENT_TOPUPS_MAX}`);
   await settleKnownOutcomes(ctx, sent);
 }
 

@@ -27,7 +27,7 @@ import {
   attestationHashOf, commitSpend, insufficientBalance, recordBlocked, rulesFor, vaultRefusal,
 } from '../payments/payments.ts';
 import { evaluate, type Violation } from '../payments/policy-engine.ts';
-import { spendWindowsAt, spendStateOf, withdrawSpend } from '../payments/spend-state.ts';
+import { spendStateOf, spendWindowsFrom, withdrawSpend } from '../payments/spend-state.ts';
 import {
   EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
@@ -286,8 +286,8 @@ export async function createEscrow(
       const receiverFirst = receiver.walletId !== null && receiver.walletId < input.fromWallet;
       if (receiverFirst) await assertReceiverOpen(tx, receiver);
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
-      // Read once the vault is locked, so no spend committed under the lock is later than it.
-      const recordedMs = ctx.clock.nowMs();
+      // Read once the vault is locked, and no earlier than its latest spend (spendWindowsFrom).
+      const { atMs: recordedMs, windows: read } = await spendWindowsFrom(tx, [wallet.id], ctx.clock.nowMs());
       if (!receiverFirst) await assertReceiverOpen(tx, receiver);
       const refusal = vaultRefusal(wallet, options.sessionKey ?? null, recordedMs);
       if (refusal) throw refusal;
@@ -295,7 +295,7 @@ export async function createEscrow(
       // Again under a share lock: a revocation committed while the escrow was signed is seen, and
       // one arriving now waits for this escrow (which it then finds among those naming it).
       if (input.verifierId !== null) await assertVerifierUsable(tx, orgId, input.verifierId, { lock: true });
-      const windows = await spendWindowsAt(tx, wallet.id, recordedMs);
+      const windows = read.get(wallet.id)!;
       const rules = await rulesFor(tx, wallet);
       const decision = evaluate(rules, spendStateOf(windows), {
         amount: input.amount, recipient: input.toWallet, recipientAddress: receiver.address, category: receiver.category,

@@ -212,16 +212,23 @@ interface ValidationFailure {
 /**
  * What is wrong with a value, said so that the client can fix it: a value outside a fixed list
  * (a union of constants: one error per constant, at the same place) names the values taken; a
- * JSON number where a string is expected (amounts are decimal strings) shows how to send it.
+ * JSON number where an amount is expected (amounts are decimal strings) shows how to send it.
  */
 function failureText(first: ValidationFailure, all: readonly ValidationFailure[]): string {
   const allowed = all.filter((failure) => failure.instancePath === first.instancePath && failure.keyword === 'const')
     .map((failure) => failure.params.allowedValue);
   if (first.keyword === 'const' && allowed.length > 1) return `must be one of ${allowed.map((value) => JSON.stringify(value)).join(', ')}`;
-  if (first.keyword === 'type' && first.params.type === 'string' && typeof first.data === 'number') {
-    return `must be a string, such as "${first.data}" (amounts are decimal strings)`;
+  if (first.keyword === 'type' && first.params.type === 'string' && typeof first.data === 'number' && isAmountSchema(first.parentSchema)) {
+    // The number itself when it is one an amount field would take, written as a string.
+    const example = /^\d+(\.\d{1,6})?$/.test(String(first.data)) ? String(first.data) : '0.25';
+    return `must be a string, such as "${example}" (amounts are decimal strings)`;
   }
   return first.message ?? 'not allowed';
+}
+
+/** A field of decimal USDC: a payment's amount (fields.ts) or a setting described as USDC (a policy's limits). */
+function isAmountSchema(schema: Record<string, unknown> | undefined): boolean {
+  return schema?.[ERROR_CODE_KEYWORD] === 'invalid_amount' || /USDC/.test(String(schema?.description ?? ''));
 }
 
 /** Network failures of a connection (to PostgreSQL, to an RPC node). */

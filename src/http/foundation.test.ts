@@ -362,6 +362,12 @@ describe('request conventions', () => {
     assert.equal(limit.status, 400);
     assert.equal(limit.body.error.code, 'invalid_request');
     assert.match(limit.body.error.message, /must be a string, such as "5" \(amounts are decimal strings\)/);
+    // This suite's limit is 5 requests a minute per key.
+    const another = await t.createKey('admin');
+    const tiny = await t.request('POST', '/v1/payments', { key: another, body: { walletId: 'wal_x', to: 'x', amount: 1e-7, currency: 'USDC' } });
+    assert.match(tiny.body.error.message, /such as "0\.25"/, 'a number no amount field takes is not offered back');
+    const label = await t.request('POST', '/v1/wallets', { key: another, body: { agentId: 'a', label: 5, policyId: 'pol_moderate' } });
+    assert.equal(label.body.error.message, 'Invalid value for "label": must be string.', 'not an amount: no amount advice');
   });
 
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {

@@ -39,7 +39,8 @@ import {
 } from '../wallets/wallets.ts';
 import { evaluate, type Violation } from './policy-engine.ts';
 import {
-  latestSpendMs, saveSpendWindows, saveSpendWindowsSql, spendStateOf, spendWindowsAt, spendWindowsOf, withSpend, withdrawSpend, type SpendWindows,
+  saveSpendWindows, saveSpendWindowsSql, spendStateOf, spendWindowsAt, spendWindowsFrom, spendWindowsOf, withSpend, withdrawSpend,
+  type SpendWindows,
 } from './spend-state.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -388,21 +389,14 @@ interface Spent { amount: bigint; lastBlocked: boolean }
  */
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
-    let nowMs = ctx.clock.nowMs();
-    // Sent together, one round trip: the windows' statement runs after the locks are held.
+    const readMs = ctx.clock.nowMs();
+    // Sent together, one round trip: the windows' statement runs after the locks are held. The
+    // time was read before the locks were waited for: a spend committed meanwhile may be later
+    // (spendWindowsFrom), and the batch is then decided at that time.
     const [{ wallets, liveKeys }, read] = await Promise.all([
-      lockWallets(tx, items), spendWindowsOf(tx, walletIdsOf(items), nowMs),
+      lockWallets(tx, items), spendWindowsOf(tx, walletIdsOf(items), readMs),
     ]);
-    // The time was read before the locks were waited for: a spend committed meanwhile (an
-    // approval, another process's batch, a clock ahead of this one) may be later, and the windows
-    // have moved past this time. Decided from then instead, so the windows are exact at the time
-    // recorded and no spend is recorded earlier than one committed before it.
-    let windows = read;
-    const latest = latestSpendMs(read);
-    if (latest > nowMs) {
-      nowMs = Math.max(ctx.clock.nowMs(), latest);
-      windows = await spendWindowsOf(tx, walletIdsOf(items), nowMs);
-    }
+    const { atMs: nowMs, windows } = await spendWindowsFrom(tx, walletIdsOf(items), readMs, read);
 
     const outcomes: Array<BatchOutcome<Decided> | { recorded: number; awaiting: boolean }> = [];
     const inserts: Array<NewTransaction & { id: string }> = [];
@@ -665,8 +659,9 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       // The payment's row, then its vault's: the lock order above.
       const row = await lockAwaiting(tx, orgId, txId);
       const wallet = await lockWallet(tx, orgId, row.wallet_id!);
-      // Read once the vault is locked, so no spend committed under the lock is later than it.
-      const nowMs = ctx.clock.nowMs();
+      // Read once the vault is locked, and no earlier than its latest spend (spendWindowsFrom).
+      const { atMs: nowMs, windows: read } = await spendWindowsFrom(tx, [wallet.id], ctx.clock.nowMs());
+      const windows = read.get(wallet.id)!;
       if (row.approval_expires_at !== null && row.approval_expires_at.getTime() <= nowMs) return { expired: true } as const;
       if (wallet.policy_id !== unlocked!.policy_id) return null;
       const decide = async (status: 'blocked', approvalStatus: string, violation: Violation) => {
@@ -688,7 +683,6 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       assertNotArchived(wallet);
       if (wallet.status === 'frozen') throw frozenError(wallet);
       const rules = await rulesFor(tx, wallet);
-      const windows = await spendWindowsAt(tx, wallet.id, nowMs);
       // The recipient as resolved when the payment was made: its address, its category and every
       // category the directory gave that address then (rows recorded before they were kept: none).
       const decision = evaluate(rules, spendStateOf(windows), {

@@ -80,10 +80,26 @@ export async function spendWindowsOf(q: Queryable, walletIds: readonly string[],
  * The latest time the windows were moved to, over several vaults: a spend recorded then has
  * slid each window to start at its time less the window's length (0 when none ever moved).
  */
-export function latestSpendMs(windows: ReadonlyMap<string, SpendWindows>): number {
+function latestSpendMs(windows: ReadonlyMap<string, SpendWindows>): number {
   let latest = 0;
   for (const w of windows.values()) latest = Math.max(latest, w.day.removedThroughMs + DAY_MS, w.hour.removedThroughMs + HOUR_MS);
   return latest;
+}
+
+/**
+ * The windows of vaults whose rows are locked, and the time to decide and record a spend at:
+ * `atMs`, or the time of their latest spend when that is later (committed while the caller
+ * waited for the locks after reading the clock, or by a process whose clock is ahead). Decided
+ * at `atMs` then, a spend would be judged against windows that have already let go of spends
+ * still counting at `atMs`, and recorded before the spend committed ahead of it. `read`: the
+ * windows at `atMs` when already read (with the locks, in one round trip).
+ */
+export async function spendWindowsFrom(
+  q: Queryable, walletIds: readonly string[], atMs: number, read?: Map<string, SpendWindows>,
+): Promise<{ atMs: number; windows: Map<string, SpendWindows> }> {
+  const windows = read ?? await spendWindowsOf(q, walletIds, atMs);
+  const latest = latestSpendMs(windows);
+  return latest > atMs ? { atMs: latest, windows: await spendWindowsOf(q, walletIds, latest) } : { atMs, windows };
 }
 
 /** One vault's windows as they stand at `atMs` (moved forward; nothing written). */

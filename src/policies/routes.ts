@@ -21,7 +21,7 @@ const PolicyParams = Type.Object({ policy_id: Type.String({ maxLength: 64 }) });
 
 const Name = Type.String({ minLength: 1, maxLength: POLICY_NAME_MAX, pattern: '\\S', description: 'human-readable name' });
 /** Decimal USDC, "0" allowed (nothing may pass); null = no limit. The schema bounds the length, parsing does the rest. */
-const Limit = (description: string) => Type.Optional(Type.Union([Type.String({ maxLength: 40 }), Type.Null()], { description }));
+const Limit = (description: string) => Type.Optional(Type.Union([Type.String({ maxLength: 40, description: 'decimal USDC' }), Type.Null()], { description }));
 
 /** Every creatable field but the name; create, update and clone share them. */
 const RuleFields = {

@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { holdLocks, queuedBehind, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../test/locks.ts';
 import { openDatabase, type Queryable } from '../db/database.ts';
 import { recordEvent, recordEvents } from '../events/events.ts';
 import { newId } from '../ids/ids.ts';
@@ -917,11 +917,7 @@ describe('webhook deliveries', () => {
         const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
 
         const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
-        const patched = t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } });
-        await queuedBehind(other, held.pid, 1);
-        held.release();
-        await held.done;
-        const answer = await patched;
+        const answer = await queuedRequest(other, held, () => t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } }));
         assert.equal(answer.status, 200, JSON.stringify(answer.body));
         assert.equal(answer.body.status, 'disabled');
         assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' }, 'acknowledged deliveries stay delivered');
@@ -940,11 +936,7 @@ describe('webhook deliveries', () => {
         assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).status, 200);
 
         const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
-        const patched = t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } });
-        await queuedBehind(other, held.pid, 1);
-        held.release();
-        await held.done;
-        const answer = await patched;
+        const answer = await queuedRequest(other, held, () => t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } }));
         assert.equal(answer.status, 200, JSON.stringify(answer.body));
         assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' });
       } finally {
@@ -974,11 +966,7 @@ describe('webhook deliveries', () => {
         assert.ok(last?.final && claims.length === 3, 'attempt 5 of the first and attempt 2 of the others are claimed');
 
         const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
-        const failed = recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), last, FAILED);
-        await queuedBehind(other, held.pid, 1);
-        held.release();
-        const outcomes = await Promise.allSettled([held.done, failed]);
-        assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+        await queuedRequest(other, held, () => recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), last, FAILED));
         const webhook = await t.request('GET', `/v1/webhooks/${webhookId}`, { key });
         assert.equal(webhook.body.status, 'degraded');
         assert.deepEqual(await statuses(webhookId), { [exhausted]: 'paused', [older]: 'delivered', [newer]: 'delivered' });
@@ -1022,13 +1010,9 @@ describe('webhook deliveries', () => {
           if (ending === 'lost') await advance(FINAL_ATTEMPT_LEASE_MS / 1000 + 1);
 
           const held = await holdLocks(other, lockOlder(older), deliverBoth(older, exhausted));
-          const settled = ending === 'failed'
+          await queuedRequest<unknown>(other, held, () => (ending === 'failed'
             ? recordAttempt(t.service.ctx.db, t.service.ctx.clock.nowMs(), last, FAILED)
-            : settleLostFinalAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs());
-          await queuedBehind(other, held.pid, 1);
-          held.release();
-          const outcomes = await Promise.allSettled([held.done, settled]);
-          assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+            : settleLostFinalAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs())));
           assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'a delivered delivery degrades nothing');
           assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [exhausted]: 'delivered' });
         } finally {
@@ -1079,11 +1063,7 @@ describe('webhook deliveries', () => {
         await advance(DELIVERY_LOG_RETENTION_MS / 1000 + 1);
 
         const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
-        const expired = expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs());
-        await queuedBehind(other, held.pid, 1);
-        held.release();
-        const outcomes = await Promise.allSettled([held.done, expired]);
-        assert.deepEqual(outcomes.map((outcome) => (outcome.status === 'rejected' ? String(outcome.reason) : 'ok')), ['ok', 'ok']);
+        await queuedRequest(other, held, () => expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs()));
         assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' });
       } finally {
         await other.close();
