@@ -793,6 +793,33 @@ describe('escrow', () => {
     }
   });
 
+  test('the outputs a receiving organisation has fetched count against its own share, not the requester\'s', async () => {
+    const perOrg = OUTPUT_FETCHES_PER_ORG_MAX;
+    const receiverKey = (await t.createOrganization('Fetching receiver')).adminKey;
+    await t.request('POST', '/v1/test_helpers/deposits', { key: receiverKey, body: { amount: '1' } });
+    const theirs = (await t.request('POST', '/v1/wallets', {
+      key: receiverKey, body: { agentId: unique('receiver'), label: 'Receiver', policyId: 'pol_permissive' },
+    })).body;
+    const from = await fundedWallet(t, '10', 'pol_permissive');
+    const ours = await fundedWallet(t, '0.5', 'pol_permissive');
+    const toThem: string[] = [];
+    for (let i = 0; i <= perOrg; i += 1) toThem.push((await open(from, theirs.chain_address, { amount: '1' })).body.escrow_id as string);
+    const toUs = (await open(from, ours.wallet_id, { amount: '1' })).body.escrow_id as string;
+    const complete = (key: string, escrowId: string) => t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, {
+      key, body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
+    });
+    const held = toThem.slice(0, perOrg).map((id) => complete(receiverKey, id));
+    await slowFetches(perOrg);
+    const beyond = await complete(receiverKey, toThem[perOrg]!);
+    assert.equal(beyond.status, 503, 'the receiving organisation has used its own share');
+    assert.match(beyond.body.error.message, /this organisation/);
+    held.push(complete(t.adminKey, toUs));
+    await slowFetches(perOrg + 1);
+    while (slowResponses.length) slowResponses.shift()!();
+    for (const answer of await Promise.all(held)) assert.equal(answer.body.status, 'released', JSON.stringify(answer.body));
+    await assertConserved();
+  });
+
   test('a receiver the directory puts in a blocked category is refused, by its address or its vault id', async () => {
     const policyId = await newPolicy(t, { blockedCategories: ['gambling'] });
     const from = await fundedWallet(t, '10', policyId);

@@ -399,7 +399,7 @@ export async function completeEscrow(
 ): Promise<EscrowRow> {
   const before = await getEscrow(ctx.db, orgId, escrowId);
   assertCompletable(before, ctx.clock.nowMs());
-  await verifyProof(ctx.db, ctx.clock.nowMs(), before, proof, { allowPrivate: ctx.config.allowPrivateWebhooks });
+  await verifyProof(ctx.db, ctx.clock.nowMs(), before, proof, { callerOrgId: orgId, allowPrivate: ctx.config.allowPrivateWebhooks });
   const prepared = await ctx.chain.prepare([
     referenceMemoIx(`${escrowId}:release`), await ctx.chain.escrowReleaseIx(escrowId, address(before.receiver_address)),
   ]);

@@ -28,9 +28,10 @@ export const OUTPUT_FETCH_TIMEOUT_MS = 5_000;
 export const OUTPUT_MAX_BYTES = 10 * 1024 * 1024;
 export const PROOF_MAX_CHARS = 8_192;
 /**
- * Outputs fetched at once by one process (each up to OUTPUT_MAX_BYTES in memory), and for the
- * escrows of one requesting organisation, so that one tenant cannot take them all; a completion
- * beyond either is answered 503 at once, to retry, rather than queued.
+ * Outputs fetched at once by one process (each up to OUTPUT_MAX_BYTES in memory), and for one
+ * completing organisation (the caller's, which chose the outputUrl: the receiving party of a
+ * cross-organisation escrow cannot use up the requester's share), so that one tenant cannot take
+ * them all; a completion beyond either is answered 503 at once, to retry, rather than queued.
  */
 export const OUTPUT_FETCHES_MAX = 8;
 export const OUTPUT_FETCHES_PER_ORG_MAX = 4;
@@ -97,7 +98,7 @@ export function encodeAttestation(payload: AttestationPayload, sign: (message: U
   return `${bytes.toString('base64url')}.${Buffer.from(sign(bytes)).toString('base64url')}`;
 }
 
-async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allowPrivate: boolean): Promise<void> {
+async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, fetcherOrgId: string, allowPrivate: boolean): Promise<void> {
   if (!SHA256.test(input.proof)) throw invalidProof('An output_hash proof is "sha256:" followed by 64 lowercase hex digits.');
   if (escrow.expected_output_hash !== null && input.proof !== escrow.expected_output_hash) {
     throw invalidProof('The output hash differs from the expectedOutputHash the escrow was created with.');
@@ -108,7 +109,7 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
     throw invalidProof('An output_hash proof needs outputUrl, where the service reads the output and hashes it: the hash alone proves no delivery.');
   }
   let body: Buffer;
-  takeOutputFetch(escrow.org_id);
+  takeOutputFetch(fetcherOrgId);
   try {
     const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
     if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
@@ -117,7 +118,7 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, allow
     if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
     throw error;
   } finally {
-    giveOutputFetch(escrow.org_id);
+    giveOutputFetch(fetcherOrgId);
   }
   if (sha256Of(body) !== input.proof) throw invalidProof('The SHA-256 of the bytes at outputUrl differs from the proof.');
 }
@@ -169,9 +170,12 @@ export function acceptedProofTypes(escrow: Pick<EscrowForProof, 'expected_output
   return chosen.length > 0 ? chosen : ['output_hash', 'signed_attestation'];
 }
 
-/** Verifies a completion proof against its escrow; throws `invalid_proof` with the reason. */
+/**
+ * Verifies a completion proof against its escrow; throws `invalid_proof` with the reason.
+ * `callerOrgId`: the organisation completing (either party's), whose share of fetches an output takes.
+ */
 export async function verifyProof(
-  q: Queryable, nowMs: number, escrow: EscrowForProof, input: ProofInput, options: { allowPrivate: boolean },
+  q: Queryable, nowMs: number, escrow: EscrowForProof, input: ProofInput, options: { callerOrgId: string; allowPrivate: boolean },
 ): Promise<void> {
   if (input.proof.length > PROOF_MAX_CHARS) throw invalidProof(`A proof is at most ${PROOF_MAX_CHARS} characters.`);
   const accepted = acceptedProofTypes(escrow);
@@ -180,7 +184,7 @@ export async function verifyProof(
   }
   switch (input.proofType) {
     case 'output_hash':
-      return verifyOutputHash(escrow, input, options.allowPrivate);
+      return verifyOutputHash(escrow, input, options.callerOrgId, options.allowPrivate);
     case 'signed_attestation':
       return verifyAttestation(q, nowMs, escrow, input.proof, false);
     case 'webhook_callback':
