@@ -19,6 +19,14 @@ export const ARBITER_KEY_FILE = 'arbiter-key.json';
 /** Below this the operator (and arbiter) are topped up on a local validator: they pay fees and rent. */
 const LOCAL_MIN_LAMPORTS = 100_000_000_000n;
 
+/**
+ * A cluster's address as logs may show it: its origin alone. Providers carry API keys in the
+ * user info, path or query of their RPC URLs.
+ */
+export function rpcForLogs(rpcUrl: string): string {
+  return new URL(rpcUrl).origin;
+}
+
 export type ChainLogger = Pick<Logger, 'debug' | 'info' | 'warn' | 'error'>;
 
 export interface ChainConnection {
@@ -100,7 +108,7 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
         if (value < LOCAL_MIN_LAMPORTS) await rpc.requestAirdrop(key, lamports(LOCAL_MIN_LAMPORTS * 10n)).send();
       }
     }
-    logger.info({ rpc: config.rpcUrl ?? (thread ? 'embedded (own thread)' : 'embedded'), programId, usdcMint, operator: operator.address, local },
+    logger.info({ rpc: config.rpcUrl ? rpcForLogs(config.rpcUrl) : thread ? 'embedded (own thread)' : 'embedded', programId, usdcMint, operator: operator.address, local },
       'chain connected');
     return {
       chain, validator, local, cheatcodes: local ? rpc : null,

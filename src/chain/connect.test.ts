@@ -1,0 +1,37 @@
+/**
+ * Connecting to a cluster at AGENT_VAULT_RPC_URL: what the service logs of it.
+ */
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { OffsetClock } from '../clock/clock.ts';
+import { loadConfig } from '../config/config.ts';
+import { startRpcServer } from '../validator/http.ts';
+import { DEFAULT_PROGRAM_SO_PATH, LocalValidator } from '../validator/validator.ts';
+import { connectChain, type ChainLogger } from './connect.ts';
+
+test('the RPC URL is logged as its origin only: a provider\'s API key in its path or query stays out of the logs', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));
+  const validator = await LocalValidator.open({ dataDir: join(dir, 'validator'), slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
+  const rpc = await startRpcServer(validator, { port: 0 });
+  const logged: unknown[] = [];
+  const record = (...args: unknown[]) => {
+    logged.push(args);
+  };
+  const logger = { debug: record, info: record, warn: record, error: record } as unknown as ChainLogger;
+  try {
+    const rpcUrl = `${rpc.url.replace(/\/$/, '')}/?api-key=s3cret-provider-key`;
+    const config = loadConfig({ AGENT_VAULT_DATA_DIR: join(dir, 'service'), AGENT_VAULT_RPC_URL: rpcUrl, LOG_LEVEL: 'silent' });
+    const connection = await connectChain(config, new OffsetClock(), logger);
+    await connection.close();
+    const text = JSON.stringify(logged);
+    assert.ok(text.includes(new URL(rpc.url).origin), `the cluster is named: ${text}`);
+    assert.ok(!text.includes('s3cret'), `no key in the logs: ${text}`);
+  } finally {
+    await rpc.close();
+    await validator.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
