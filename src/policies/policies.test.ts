@@ -13,7 +13,7 @@ import { NO_LIMIT } from '../chain/program.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { withAnotherKey } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { AUDIT_PAGE_BYTES_MAX, syncPolicyToChain } from './policies.ts';
+import { AUDIT_PAGE_BYTES_MAX, POLICY_PAGE_BYTES_MAX, syncPolicyToChain } from './policies.ts';
 
 const ADDRESS = 'So11111111111111111111111111111111111111112';
 const USDC = 1_000_000n;
@@ -517,6 +517,37 @@ describe('policies: refusals and their effects', () => {
     } while (cursor);
     assert.equal(seen.length, 11, 'the creation and ten changes, each once');
     assert.equal(new Set(seen).size, 11);
+    assert.ok(pages >= 2, `${pages} pages`);
+  });
+
+  test('a page of policies stops early past 4 MiB of lists (1,000 domains weigh 260 KB a policy); the next page goes on', async () => {
+    const { adminKey: key } = await t.createOrganization('Heavy policies');
+    const domains = (variant: number) => Array.from({ length: 1_000 }, (_, i) =>
+      `${`p${variant}-${i}-`.padEnd(50, 'q')}.${'x'.repeat(63)}.${'y'.repeat(63)}.${'z'.repeat(63)}.io`);
+    const heavy = Math.ceil(POLICY_PAGE_BYTES_MAX / 250_000) + 1;
+    const created: string[] = [];
+    for (let variant = 0; variant < heavy; variant += 1) {
+      const response = await t.request('POST', '/v1/policies', { key, body: { name: `heavy-${variant}`, allowedRecipients: domains(variant) } });
+      assert.equal(response.status, 200, JSON.stringify(response.body).slice(0, 300));
+      created.push(response.body.policy_id);
+    }
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    let pages = 0;
+    do {
+      const response: { status: number; body: any } = await t.request('GET', `/v1/policies?limit=100${cursor ? `&cursor=${cursor}` : ''}`, { key });
+      assert.equal(response.status, 200);
+      const bytes = Buffer.byteLength(JSON.stringify(response.body));
+      assert.ok(bytes < POLICY_PAGE_BYTES_MAX + 300_000, `a page of ${bytes} bytes`);
+      assert.ok(response.body.data.length >= 1, 'a page holds at least one policy');
+      seen.push(...response.body.data.map((policy: { policy_id: string }) => policy.policy_id));
+      cursor = response.body.next_cursor;
+      assert.equal(response.body.has_more, cursor !== null);
+      pages += 1;
+    } while (cursor);
+    assert.deepEqual(seen.slice(0, heavy), [...created].reverse(), 'newest first, each once');
+    assert.equal(seen.length, heavy + 4, 'and the four presets');
+    assert.equal(new Set(seen).size, seen.length);
     assert.ok(pages >= 2, `${pages} pages`);
   });
 });

@@ -174,11 +174,35 @@ export async function getPolicyView(q: Queryable, orgId: string, policyId: strin
   return policyView(rows[0], rows[0].wallet_count);
 }
 
+/**
+ * Bytes of recipient and category lists one page of policies carries at most (it then ends
+ * early, `has_more` true): a policy may list 1,000 domains of up to 253 characters, about 260 KB,
+ * so 100 of them would be 26 MB. A page always holds at least one policy.
+ */
+export const POLICY_PAGE_BYTES_MAX = 4 * 1024 * 1024;
+
 /** The organisation's policies, presets included, newest first. */
 export async function listPolicies(q: Queryable, orgId: string, page: PageRequest) {
   const { sql, params } = new PageFilter('p').where((p) => `p.org_id = ${p}`, orgId).whereSql('p.deleted_at IS NULL').page(page);
-  const rows = await q.query<PolicyWithCount>(`SELECT ${COLUMNS}, ${WALLET_COUNT} FROM policies p ${sql}`, params);
-  return toPage(rows, page, (row) => policyView(row, row.wallet_count));
+  // The page's policies with the bytes of the lists before each. Those within the bound are
+  // read, and the first past it, which only tells that there is more: the page ends before it.
+  const rows = await q.query<PolicyWithCount & { fits: boolean }>(
+    `WITH page AS (
+       SELECT p.org_id, p.id, p.created_at,
+              COALESCE(sum(octet_length(p.allowed_recipients::text) + octet_length(p.blocked_categories::text))
+                OVER (ORDER BY p.created_at DESC, p.id DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS bytes_before
+       FROM (SELECT p.org_id, p.id FROM policies p ${sql}) listed JOIN policies p ON p.org_id = listed.org_id AND p.id = listed.id
+     ), shown AS (
+       SELECT org_id, id, bytes_before FROM page WHERE bytes_before < ${POLICY_PAGE_BYTES_MAX}
+       UNION ALL
+       (SELECT org_id, id, bytes_before FROM page WHERE bytes_before >= ${POLICY_PAGE_BYTES_MAX} ORDER BY created_at DESC, id DESC LIMIT 1)
+     )
+     SELECT ${COLUMNS}, ${WALLET_COUNT}, shown.bytes_before < ${POLICY_PAGE_BYTES_MAX} AS fits
+     FROM shown JOIN policies p ON p.org_id = shown.org_id AND p.id = shown.id
+     ORDER BY p.created_at DESC, p.id DESC`, params);
+  const cut = rows.findIndex((row) => !row.fits);
+  const shown = cut < 0 || cut >= page.limit ? rows : rows.slice(0, cut + 1);
+  return toPage(shown, cut < 0 || cut >= page.limit ? page : { ...page, limit: cut }, (row) => policyView(row, row.wallet_count));
 }
 
 export const AuditEntryView = Type.Object({
