@@ -99,7 +99,13 @@ describe('events, wallet states and automation', () => {
     }
     const other = await t.createOrganization();
     const theirs = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}`, { key: other.adminKey });
-    assert.deepEqual(theirs.body.data, [], 'another organisation sees none of them');
+    assert.equal(theirs.status, 404, 'another organisation\'s vault answers as a missing one');
+    assert.equal(theirs.body.error.code, 'wallet_not_found');
+    assert.deepEqual((await t.request('GET', '/v1/events', { key: other.adminKey })).body.data
+      .filter((e: { wallet_id: string | null }) => e.wallet_id === wallet.wallet_id), [], 'another organisation sees none of them');
+    const unknown = await t.request('GET', '/v1/events?walletId=wal_typo');
+    assert.equal(unknown.status, 404, 'a mistyped vault id is not an empty feed');
+    assert.equal(unknown.body.error.code, 'wallet_not_found');
   });
 
   test('events older than 90 days are deleted by the retention job', async () => {

@@ -9,6 +9,7 @@ import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
 import { parseTimeBound } from '../transactions/routes.ts';
+import { getWallet } from '../wallets/wallets.ts';
 import { EVENT_RETENTION_MS, EVENT_TYPES, type EventType, type Severity } from './events.ts';
 
 
@@ -80,7 +81,11 @@ export function eventRoutes(app: App, ctx: AppContext): void {
       }
       where.where((p) => `type = ANY(${p}::text[])`, types as EventType[]);
     }
-    if (query.walletId !== undefined) where.where((p) => `wallet_id = ${p}`, query.walletId);
+    if (query.walletId !== undefined) {
+      // A vault not in the organisation is 404, as for the transactions: not an empty feed.
+      await getWallet(ctx.db, orgId, query.walletId);
+      where.where((p) => `wallet_id = ${p}`, query.walletId);
+    }
     if (query.severity !== undefined) where.where((p) => `severity = ${p}`, query.severity);
     const { sql, params } = where.page(page);
     const rows = await ctx.db.query<EventRow>(

@@ -164,6 +164,7 @@ describe('payments', () => {
     const read = await t.request('GET', `/v1/payments/${paid.body.tx_id}`);
     assert.equal(read.body.status, 'confirmed');
     assert.equal(read.body.type, 'payment');
+    assert.equal(read.body.signature, paid.body.signature, 'polling answers the same shape as paying');
     await assertVaultConsistent(t, wallet.wallet_id, 50_000_000n);
   });
 

@@ -13,7 +13,7 @@ import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
 import { CATEGORY_PATTERN, recipientName } from '../recipients/recipients.ts';
 import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
-import { TransactionView, getTransaction, transactionView } from '../transactions/views.ts';
+import { PaymentView, getTransaction, paymentView } from '../transactions/views.ts';
 import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
 import { SpendingView, spendingOf } from './budgets.ts';
 import { MEMO_MAX_CHARS, approvePayment, pay, readPayment, rejectPayment, type PaymentOutcome } from './payments.ts';
@@ -33,10 +33,6 @@ const PaymentFields = {
     default: true, description: 'false: answer `pending` once the payment is recorded (and, on an external chain, taken by it), without waiting for confirmation',
   })),
 };
-
-const PaymentResponse = Type.Intersect([TransactionView, Type.Object({
-  signature: Type.Union([Type.String(), Type.Null()], { description: 'the same as tx_signature' }),
-})]);
 
 interface PaymentBody {
   to: string;
@@ -61,7 +57,7 @@ function assertUsdc(currency: string): void {
 }
 
 export function paymentRoutes(app: App, ctx: AppContext): void {
-  const view = (row: TransactionRow) => ({ ...transactionView(row, ctx), signature: row.tx_signature });
+  const view = (row: TransactionRow) => paymentView(row, ctx);
 
   /**
    * The vault a request pays from, checked to exist and to be this key's to pay from (an `agent`
@@ -121,7 +117,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       description: 'An `agent` key must send the wallet\'s `Session-Token`. A policy violation is 402 with `violation`; '
         + 'the payment is recorded `blocked` and nothing reaches the chain.',
       body: Type.Object({ walletId: Type.String({ maxLength: 64 }), ...PaymentFields }, { additionalProperties: false }),
-      response: { 200: PaymentResponse },
+      response: { 200: PaymentView },
     },
   }, async (request, reply) => {
     const { walletId, ...body } = request.body;
@@ -134,7 +130,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       tags: ['Payments'], summary: 'Pay from this wallet (the same as POST /v1/payments)',
       params: Type.Object({ wallet_id: Type.String({ maxLength: 64 }) }),
       body: Type.Object(PaymentFields, { additionalProperties: false }),
-      response: { 200: PaymentResponse },
+      response: { 200: PaymentView },
     },
   }, async (request, reply) =>
     sendIdempotent(reply, await handlePay(principalOf(request), request.params.wallet_id, request.body, request.headers)));
@@ -201,7 +197,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       tags: ['Payments'], summary: 'Co-sign a payment awaiting approval: it is checked again, then sent',
       params: TxParams,
       body: Type.Object({ waitForConfirmation: PaymentFields.waitForConfirmation }, { additionalProperties: false }),
-      response: { 200: PaymentResponse },
+      response: { 200: PaymentView },
     },
   }, async (request) => {
     const principal = principalOf(request);
@@ -216,7 +212,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       tags: ['Payments'], summary: 'Refuse a payment awaiting approval: it is blocked and nothing is sent',
       params: TxParams,
       body: NoFields,
-      response: { 200: PaymentResponse },
+      response: { 200: PaymentView },
     },
   }, async (request) => {
     const principal = principalOf(request);

@@ -11,7 +11,7 @@ import { DATE_MS_MAX, DATE_MS_MIN, PageQuery, pageOf, parsePageRequest, toPage, 
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
 import { settleKnownOutcomes, settlePendingOf, type TransactionStatus, type TransactionType } from './settlement.ts';
 import {
-  TransactionStatusSchema, TransactionTypeSchema, TransactionView, getTransaction, listTransactions, transactionView,
+  PaymentView, TransactionStatusSchema, TransactionTypeSchema, TransactionView, getTransaction, listTransactions, paymentView, transactionView,
   type TransactionFilter,
 } from './views.ts';
 
@@ -137,9 +137,9 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
   app.get('/v1/payments/:tx_id', {
     config: { permission: 'vault_read' },
     schema: {
-      tags: ['Payments'], summary: 'A payment (any transaction id answers, with the same view as /v1/transactions/{tx_id})',
+      tags: ['Payments'], summary: 'A payment (any transaction id answers): the view of /v1/transactions/{tx_id} and `signature`, as paying answers',
       description: 'An `agent` key must send the `Session-Token` of the transaction\'s wallet.',
-      params: TxParams, response: { 200: TransactionView },
+      params: TxParams, response: { 200: PaymentView },
     },
   }, async (request) => {
     const principal = principalOf(request);
@@ -151,7 +151,7 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
       assertVaultAccess(principal, wallet, sessionTokenOf(request.headers), ctx.clock.nowMs());
     }
     const [settled] = await settleKnownOutcomes(ctx, [row]);
-    return transactionView(settled!, ctx);
+    return paymentView(settled!, ctx);
   });
 
   app.get('/v1/transactions', {
@@ -163,7 +163,10 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const page = parsePageRequest(request.query);
-    return settledPage(orgId, filterOf(request.query), page);
+    const filter = filterOf(request.query);
+    // A vault not in the organisation is 404, as for an export: not an empty list that looks like a vault without transactions.
+    if (filter.walletId !== undefined) await getWallet(ctx.db, orgId, filter.walletId);
+    return settledPage(orgId, filter, page);
   });
 
   app.get('/v1/wallets/:wallet_id/transactions', {

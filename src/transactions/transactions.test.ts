@@ -131,10 +131,10 @@ describe('transaction index', () => {
     assert.match(view.timestamp, /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$/);
     assert.ok(Date.parse(view.settled_at) >= Date.parse(view.timestamp), 'settled at or after it was recorded');
 
-    // The payments route answers any transaction id with the same view.
+    // The payments route answers any transaction id with the same view, and `signature` as paying does.
     const viaPayments = await t.request('GET', `/v1/payments/${funding.tx_id}`);
     assert.equal(viaPayments.status, 200);
-    assert.deepEqual(viaPayments.body, view);
+    assert.deepEqual(viaPayments.body, { ...view, signature: view.tx_signature });
   });
 
   test('a blocked payment shows its violation and no chain fields; a failed one its reason', async () => {
@@ -217,7 +217,20 @@ describe('transaction index', () => {
     const combined = await listAll(t, `/v1/transactions?recipient=api.vendor.example&walletId=${walletB.wallet_id}&status=failed&type=payment`);
     assert.deepEqual(combined.map((row) => row.tx_id), [failedId]);
     assert.deepEqual(await listAll(t, '/v1/transactions?type=escrow_refund'), []);
-    assert.deepEqual(await listAll(t, '/v1/transactions?walletId=wal_unknown'), [], 'an unknown wallet filter matches nothing');
+    const unknown = await t.request('GET', '/v1/transactions?walletId=wal_unknown');
+    assert.equal(unknown.status, 404, 'a mistyped vault id is not an empty list');
+    assert.equal(unknown.body.error.code, 'wallet_not_found');
+  });
+
+  test('a domain recorded in the case it was typed in (before 2026-11-26) is found by that spelling; lowercase finds those recorded since', async () => {
+    const wallet = await newWallet(t);
+    const domain = `Legacy-${process.pid}.Vendor.Example`;
+    const typedThen = await insertRow(t, { walletId: wallet.wallet_id, recipient: domain });
+    const recordedNow = await insertRow(t, { walletId: wallet.wallet_id, recipient: domain.toLowerCase() });
+    const ids = async (recipient: string) => (await listAll(t, `/v1/transactions?recipient=${encodeURIComponent(recipient)}`)).map((row) => row.tx_id);
+    assert.deepEqual((await ids(domain)).sort(), [typedThen, recordedNow].sort(), 'the spelling it was typed in finds both');
+    assert.deepEqual(await ids(domain.toLowerCase()), [recordedNow]);
+    assert.deepEqual(await ids(domain.toUpperCase()), [recordedNow], 'another spelling finds those recorded lowercase');
   });
 
   test('from is inclusive and to exclusive, to the millisecond', async () => {
@@ -350,7 +363,9 @@ describe('transaction index', () => {
     const theirFunding = await fund(t, theirWallet.wallet_id, '1', other.adminKey);
     const theirs = await listAll(t, '/v1/transactions?limit=100', other.adminKey);
     assert.deepEqual(theirs.map((row) => row.tx_id), [theirFunding.tx_id]);
-    assert.deepEqual(await listAll(t, `/v1/transactions?walletId=${walletA.wallet_id}`, other.adminKey), []);
+    const filtered = await t.request('GET', `/v1/transactions?walletId=${walletA.wallet_id}`, { key: other.adminKey });
+    assert.equal(filtered.status, 404, 'our vault as their filter answers as a missing one');
+    assert.equal(filtered.body.error.code, 'wallet_not_found');
     const ours = await listAll(t, '/v1/transactions?limit=100');
     assert.ok(!ours.some((row) => row.tx_id === theirFunding.tx_id), 'their funding is not in our list');
     const walletList = await t.request('GET', `/v1/wallets/${walletA.wallet_id}/transactions`, { key: other.adminKey });

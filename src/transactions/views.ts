@@ -64,6 +64,11 @@ export const TransactionView = Type.Object({
   }),
 });
 
+/** A payment's answer (pay, approve, reject, `GET /v1/payments/{tx_id}`): the view and `signature`. */
+export const PaymentView = Type.Intersect([TransactionView, Type.Object({
+  signature: Type.Union([Type.String(), Type.Null()], { description: 'the same as tx_signature' }),
+})]);
+
 /** What the view needs to know of the service: which cluster the explorer links point at. */
 export type ExplorerContext = Pick<AppContext, 'validator'> & { config: Pick<AppContext['config'], 'rpcUrl'> };
 
@@ -147,6 +152,10 @@ export function transactionView(row: TransactionRow & { approval?: StoredApprova
   };
 }
 
+export function paymentView(row: TransactionRow & { approval?: StoredApproval | null }, ctx: ExplorerContext) {
+  return { ...transactionView(row, ctx), signature: row.tx_signature };
+}
+
 export function transactionNotFound(txId: string): ServiceError {
   return new ServiceError('transaction_not_found', `No transaction ${txId} in your organisation.`, { param: 'tx_id' });
 }
@@ -187,8 +196,15 @@ export function transactionConditions(orgId: string, filter: TransactionFilter):
     where.where((p) => `type = ${p}`, filter.type);
     if (filter.type !== 'payment') where.whereSql(`type <> 'payment'`);
   }
-  // A domain as payments record it (its directory form, lowercase); an address as given.
-  if (filter.recipient !== undefined) where.where((p) => `recipient = ${p}`, recipientName(filter.recipient));
+  // A domain as payments record it (its directory form, lowercase); an address as given. A
+  // domain recorded before 2026-11-26 kept the case it was typed in: a filter typed in another
+  // case looks for that spelling too.
+  if (filter.recipient !== undefined) {
+    const recorded = recipientName(filter.recipient);
+    const typed = filter.recipient.trim();
+    if (typed === recorded) where.where((p) => `recipient = ${p}`, recorded);
+    else where.where((p) => `recipient = ANY(${p}::text[])`, [recorded, typed]);
+  }
   if (filter.from !== undefined) where.where((p) => `created_at >= ${p}`, filter.from);
   if (filter.to !== undefined) where.where((p) => `created_at < ${p}`, filter.to);
   return where;
