@@ -476,6 +476,37 @@ describe('events, wallet states and automation', () => {
     }
   });
 
+  test('an auto-topup amount changed while the topup waits for the reserve: the new amount is funded, not the one read before', async (context) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
+    const db = t.service.ctx.db;
+    let held: HeldLocks | undefined;
+    try {
+      const wallet = await fundedWallet(t, '10');
+      await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+      const setTopup = (topupAmount: string) => t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+        { body: { enabled: true, triggerBelow: '5', topupAmount } });
+      assert.equal((await setTopup('10')).status, 200);
+      assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+      const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
+      held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
+      const automation = runWalletAutomation(t.service.ctx);
+      await queuedBehind(db, held.pid, 1); // the topup of 10.00, read as a candidate, waits for the reserve
+      assert.equal((await setTopup('3')).status, 200, 'the same trigger, a smaller amount');
+      held.release();
+      await held.done;
+      assert.deepEqual(await automation, { topups: 0, lowBalance: 0 }, 'the amount read before is not funded');
+      await runWalletAutomation(t.service.ctx);
+      await topupsOnChain(wallet.wallet_id);
+      await runWalletAutomation(t.service.ctx);
+      assert.equal(await balanceOf(t, wallet.wallet_id), '7.00', '4.00 + one topup of 3.00');
+    } finally {
+      held?.release();
+      await held?.done.catch(() => {});
+      await other.close();
+    }
+  });
+
   // Guarantee: an auto-topup recorded but never sent (its process died right after recording it)
   // gives its amount back to the reserve once it expires, and the vault is topped up again —
   // unless a later topup of the vault holds the latch by then: then nothing more is made.

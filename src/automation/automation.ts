@@ -136,17 +136,18 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
      ORDER BY w.id LIMIT ${BATCH}`);
   let topups = 0;
   /**
-   * Takes the vault's latch if its topup is still due (checked again under the lock), marked as
-   * taken for a reserve shortfall or not; the balance and trigger when taken. A funding may also
-   * take a latch held for a shortfall (the reserve now covers it); a shortfall only a free one,
-   * so that a vault still short is told once.
+   * Takes the vault's latch if its topup is still due (checked again under the lock), with the
+   * amount it was read with (a topup amount changed since is the next run's), marked as taken
+   * for a reserve shortfall or not; the balance and trigger when taken. A funding may also take a
+   * latch held for a shortfall (the reserve now covers it); a shortfall only a free one, so that
+   * a vault still short is told once.
    */
-  const takeLatch = async (tx: Queryable, walletId: string, reserveShort: boolean) => (await tx.query<{ balance: bigint; auto_topup_trigger_below: bigint }>(
+  const takeLatch = async (tx: Queryable, wallet: (typeof due)[number], reserveShort: boolean) => (await tx.query<{ balance: bigint; auto_topup_trigger_below: bigint }>(
     `UPDATE wallets SET topup_fired_at = $2, topup_reserve_short_at = CASE WHEN $3::boolean THEN $2::timestamptz END
-     WHERE id = $1 AND auto_topup_enabled AND balance < auto_topup_trigger_below
+     WHERE id = $1 AND auto_topup_enabled AND balance < auto_topup_trigger_below AND auto_topup_amount = $4
        AND status = 'active' AND provisioned_at IS NOT NULL
        AND (topup_fired_at IS NULL OR (NOT $3::boolean AND topup_reserve_short_at IS NOT NULL))
-     RETURNING balance, auto_topup_trigger_below`, [walletId, now, reserveShort]))[0];
+     RETURNING balance, auto_topup_trigger_below`, [wallet.id, now, reserveShort, wallet.auto_topup_amount]))[0];
   for (const wallet of due) {
     /** Whether the latch was taken in the funding's transaction (which then commits, but for a failure of the commit itself). */
     let latched = false;
@@ -154,7 +155,7 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
       // Recorded and sent, not waited for (the next run settles it): a run lasts no slot per
       // vault, and a chain that does not confirm holds up neither balance.low nor other vaults.
       await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], async (tx) => {
-        if (!await takeLatch(tx, wallet.id, false)) throw new TopupNotDue();
+        if (!await takeLatch(tx, wallet, false)) throw new TopupNotDue();
         latched = true;
       }, { memo: AUTO_TOPUP_MEMO, wait: false });
       topups += 1;
@@ -179,7 +180,7 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
         // vault already marked (the reserve looked enough, and was spent before its funding) takes
         // nothing here: its shortfall was told.
         await ctx.db.transaction(async (tx) => {
-          const latched = await takeLatch(tx, wallet.id, true);
+          const latched = await takeLatch(tx, wallet, true);
           if (!latched) return;
           await recordEvent(tx, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, latched.balance, latched.auto_topup_trigger_below, {
             reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),
