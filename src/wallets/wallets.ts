@@ -22,6 +22,7 @@ import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { newSessionAuthority, tokenMatches } from './session-token.ts';
+import { balanceMatchingChain } from './unrecorded.ts';
 import type { Principal } from '../http/auth.ts';
 import { SpendingView } from '../payments/budgets.ts';
 import { settlePendingOf } from '../transactions/settlement.ts';
@@ -635,16 +636,28 @@ export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): 
   // A payment answered `confirmed` is settled in the index just after its answer: what the chain
   // has already decided is settled first, so "pay the rest, then archive" does not find it in flight.
   await settlePendingOf(ctx, orgId, walletId);
+  // USDC sent to the vault's address from outside, which the service does not record, refuses the
+  // archiving (src/wallets/unrecorded.ts): a frozen vault could never move it on. The chain is
+  // read outside the transaction; the row must not have changed since.
+  const matching = await balanceMatchingChain(ctx, orgId, walletId);
   const nowMs = ctx.clock.nowMs();
   await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
+    const changed = () => new ServiceError('wallet_balance_not_zero', `Wallet ${walletId} changed while it was checked; archive it again.`,
+      { wallet_id: walletId });
+    if (matching !== null && 'version' in matching) {
+      const [row] = await tx.query<{ version: string }>('SELECT xmin::text AS version FROM wallets WHERE id = $1', [walletId]);
+      if (row!.version !== matching.version) throw changed();
+    }
     const pending = await tx.query(`SELECT 1 FROM transactions WHERE wallet_id = $1 AND status = 'pending' LIMIT 1`, [walletId]);
     // An escrow still open pays this vault back (a refund) or pays it (a release) later: an
     // archived vault could never move that money on.
     const escrowed = await tx.query(
       `SELECT 1 FROM escrows WHERE (from_wallet_id = $1 OR to_wallet_id = $1)
          AND (status IN ('locked', 'disputed') OR closing IS NOT NULL) LIMIT 1`, [walletId]);
+    // Busy when the chain was to be read and settled since: the balances were not compared.
+    if (matching !== null && 'busy' in matching && !pending.length && !escrowed.length) throw changed();
     if (wallet.balance !== 0n || pending.length || escrowed.length) {
       throw new ServiceError('wallet_balance_not_zero',
         pending.length ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
