@@ -9,6 +9,7 @@ import type { Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, type HeldLocks } from '../../test/locks.ts';
+import type { Database } from '../db/database.ts';
 import { encodeBase58 } from '../chain/base58.ts';
 import { ChainUnavailableError } from '../chain/client.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
@@ -439,36 +440,47 @@ describe('events, wallet states and automation', () => {
     assert.deepEqual(sources, ['auto_topup', 'reserve']);
   });
 
+  /**
+   * A vault at 4.00, below its trigger of 5.00 with a topup due (`topupAmount`), and a run of the
+   * automation whose funding waits for the reserve's lock (as lockReserve takes it), held on
+   * `other`: the run has read its candidates and taken nothing yet.
+   */
+  const topupHeldAtReserve = async (other: Database, topupAmount: string) => {
+    const db = t.service.ctx.db;
+    const wallet = await fundedWallet(t, '10');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+    const setTopup = (amount: string) => t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+      { body: { enabled: true, triggerBelow: '5', topupAmount: amount } });
+    assert.equal((await setTopup(topupAmount)).status, 200);
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
+    const held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
+    const automation = runWalletAutomation(t.service.ctx);
+    await queuedBehind(db, held.pid, 1);
+    return { wallet, held, automation, setTopup };
+  };
+
   // Guarantee: a process killed in the middle of an auto-topup loses no topup. The topup is held
   // half way (its funding waits for the reserve's lock, which the test holds); at that moment the
   // vault must not be marked as topped up, or a process killed then would never top it up.
   test('an auto-topup held half way has not taken its latch: a kill there loses no topup', async (context) => {
     const other = await secondConnection(t, context);
     if (!other) return;
-    const db = t.service.ctx.db;
     let held: HeldLocks | undefined;
     try {
-      const wallet = await fundedWallet(t, '10');
-      await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
-      assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
-        { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } })).status, 200);
-      assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
-      const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
-      // As the funding takes it (lockReserve).
-      held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
-      const automation = runWalletAutomation(t.service.ctx);
-      await queuedBehind(db, held.pid, 1); // the topup's funding waits for the reserve
-      const [state] = await db.query<{ latched: boolean; fundings: number }>(
+      const topup = await topupHeldAtReserve(other, '10');
+      ({ held } = topup);
+      const [state] = await t.service.ctx.db.query<{ latched: boolean; fundings: number }>(
         `SELECT topup_fired_at IS NOT NULL AS latched,
            (SELECT count(*)::int FROM transactions WHERE wallet_id = $1 AND type = 'funding' AND memo = 'auto-topup') AS fundings
-         FROM wallets WHERE id = $1`, [wallet.wallet_id]);
+         FROM wallets WHERE id = $1`, [topup.wallet.wallet_id]);
       assert.deepEqual({ ...state }, { latched: false, fundings: 0 }, 'nothing of the topup is written until its funding is');
       held.release();
       await held.done;
-      assert.deepEqual(await automation, { topups: 1, lowBalance: 0 });
-      await topupsOnChain(wallet.wallet_id);
+      assert.deepEqual(await topup.automation, { topups: 1, lowBalance: 0 });
+      await topupsOnChain(topup.wallet.wallet_id);
       await runWalletAutomation(t.service.ctx);
-      assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
+      assert.equal(await balanceOf(t, topup.wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     } finally {
       held?.release();
       await held?.done.catch(() => {});
@@ -479,27 +491,18 @@ describe('events, wallet states and automation', () => {
   test('an auto-topup amount changed while the topup waits for the reserve: the new amount is funded, not the one read before', async (context) => {
     const other = await secondConnection(t, context);
     if (!other) return;
-    const db = t.service.ctx.db;
     let held: HeldLocks | undefined;
     try {
-      const wallet = await fundedWallet(t, '10');
-      await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
-      const setTopup = (topupAmount: string) => t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
-        { body: { enabled: true, triggerBelow: '5', topupAmount } });
-      assert.equal((await setTopup('10')).status, 200);
-      assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
-      const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
-      held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
-      const automation = runWalletAutomation(t.service.ctx);
-      await queuedBehind(db, held.pid, 1); // the topup of 10.00, read as a candidate, waits for the reserve
-      assert.equal((await setTopup('3')).status, 200, 'the same trigger, a smaller amount');
+      const topup = await topupHeldAtReserve(other, '10');
+      ({ held } = topup);
+      assert.equal((await topup.setTopup('3')).status, 200, 'the same trigger, a smaller amount');
       held.release();
       await held.done;
-      assert.deepEqual(await automation, { topups: 0, lowBalance: 0 }, 'the amount read before is not funded');
+      assert.deepEqual(await topup.automation, { topups: 0, lowBalance: 0 }, 'the amount read before is not funded');
       await runWalletAutomation(t.service.ctx);
-      await topupsOnChain(wallet.wallet_id);
+      await topupsOnChain(topup.wallet.wallet_id);
       await runWalletAutomation(t.service.ctx);
-      assert.equal(await balanceOf(t, wallet.wallet_id), '7.00', '4.00 + one topup of 3.00');
+      assert.equal(await balanceOf(t, topup.wallet.wallet_id), '7.00', '4.00 + one topup of 3.00');
     } finally {
       held?.release();
       await held?.done.catch(() => {});
