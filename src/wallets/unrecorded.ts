@@ -17,6 +17,20 @@ import { formatUsdc } from '../money/money.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'chain'>;
 
+/** SQL: whether a transaction of the vault (`wallet`, an SQL expression) is recorded and not settled. */
+export function inFlightSql(wallet: string): string {
+  return `EXISTS (SELECT 1 FROM transactions t WHERE t.wallet_id = ${wallet} AND t.status = 'pending')`;
+}
+
+/**
+ * SQL: whether an escrow the vault is a party to is open (locked or disputed, or its release,
+ * refund or split under way): it pays the vault back or pays it later, written when it settles.
+ */
+export function openEscrowSql(wallet: string): string {
+  return `EXISTS (SELECT 1 FROM escrows e WHERE (e.from_wallet_id = ${wallet} OR e.to_wallet_id = ${wallet})
+    AND (e.status IN ('locked', 'disputed') OR e.closing IS NOT NULL))`;
+}
+
 /**
  * What `archiveWallet` needs to know before it takes the vault's lock: `version`, the row's version
  * when the chain holds no more than recorded (the archive then requires that version under the
@@ -29,10 +43,7 @@ export async function balanceMatchingChain(
   ctx: Ctx, orgId: string, walletId: string,
 ): Promise<{ version: string } | { busy: 'in_flight' | 'escrow' } | null> {
   const [vault] = await ctx.db.query<{ token_address: string; balance: bigint; version: string; in_flight: boolean; escrow: boolean }>(
-    `SELECT w.token_address, w.balance, w.xmin::text AS version,
-       EXISTS (SELECT 1 FROM transactions t WHERE t.status = 'pending' AND t.wallet_id = w.id) AS in_flight,
-       EXISTS (SELECT 1 FROM escrows e WHERE (e.from_wallet_id = w.id OR e.to_wallet_id = w.id)
-         AND (e.status IN ('locked', 'disputed') OR e.closing IS NOT NULL)) AS escrow
+    `SELECT w.token_address, w.balance, w.xmin::text AS version, ${inFlightSql('w.id')} AS in_flight, ${openEscrowSql('w.id')} AS escrow
      FROM wallets w WHERE w.org_id = $1 AND w.id = $2 AND w.status <> 'archived'`, [orgId, walletId]);
   if (!vault) return null;
   if (vault.in_flight) return { busy: 'in_flight' };

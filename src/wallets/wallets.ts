@@ -22,7 +22,7 @@ import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { newSessionAuthority, tokenMatches } from './session-token.ts';
-import { balanceMatchingChain } from './unrecorded.ts';
+import { balanceMatchingChain, inFlightSql, openEscrowSql } from './unrecorded.ts';
 import type { Principal } from '../http/auth.ts';
 import { SpendingView } from '../payments/budgets.ts';
 import { settlePendingOf } from '../transactions/settlement.ts';
@@ -650,18 +650,16 @@ export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): 
       const [row] = await tx.query<{ version: string }>('SELECT xmin::text AS version FROM wallets WHERE id = $1', [walletId]);
       if (row!.version !== matching.version) throw changed();
     }
-    const pending = await tx.query(`SELECT 1 FROM transactions WHERE wallet_id = $1 AND status = 'pending' LIMIT 1`, [walletId]);
     // An escrow still open pays this vault back (a refund) or pays it (a release) later: an
     // archived vault could never move that money on.
-    const escrowed = await tx.query(
-      `SELECT 1 FROM escrows WHERE (from_wallet_id = $1 OR to_wallet_id = $1)
-         AND (status IN ('locked', 'disputed') OR closing IS NOT NULL) LIMIT 1`, [walletId]);
+    const [{ in_flight: inFlight, escrow: escrowed }] = await tx.query<{ in_flight: boolean; escrow: boolean }>(
+      `SELECT ${inFlightSql('$1')} AS in_flight, ${openEscrowSql('$1')} AS escrow`, [walletId]) as [{ in_flight: boolean; escrow: boolean }];
     // Busy when the chain was to be read and settled since: the balances were not compared.
-    if (matching !== null && 'busy' in matching && !pending.length && !escrowed.length) throw changed();
-    if (wallet.balance !== 0n || pending.length || escrowed.length) {
+    if (matching !== null && 'busy' in matching && !inFlight && !escrowed) throw changed();
+    if (wallet.balance !== 0n || inFlight || escrowed) {
       throw new ServiceError('wallet_balance_not_zero',
-        pending.length ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
-          : escrowed.length ? `Wallet ${walletId} is a party to an escrow still open; archive it once the escrow is released, refunded or resolved.`
+        inFlight ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
+          : escrowed ? `Wallet ${walletId} is a party to an escrow still open; archive it once the escrow is released, refunded or resolved.`
             : `Wallet ${walletId} holds ${formatUsdc(wallet.balance)} USDC: withdraw it first (amount "all").`,
         { wallet_id: walletId });
     }
