@@ -4,12 +4,11 @@
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { after, before, describe, test } from 'node:test';
+import { after, before, describe, test, type TestContext } from 'node:test';
 import type { Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, type HeldLocks } from '../../test/locks.ts';
-import type { Database } from '../db/database.ts';
 import { encodeBase58 } from '../chain/base58.ts';
 import { ChainUnavailableError } from '../chain/client.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
@@ -441,74 +440,68 @@ describe('events, wallet states and automation', () => {
   });
 
   /**
-   * A vault at 4.00, below its trigger of 5.00 with a topup due (`topupAmount`), and a run of the
-   * automation whose funding waits for the reserve's lock (as lockReserve takes it), held on
-   * `other`: the run has read its candidates and taken nothing yet.
+   * Runs `check` with a vault at 4.00, below its trigger of 5.00 with a topup of `topupAmount`
+   * due, and a run of the automation whose funding waits for the reserve's lock (as lockReserve
+   * takes it), held on a second connection: the run has read its candidates and taken nothing
+   * yet. `check` lets the lock go (`held.release()`); whatever happens, it is let go after.
+   * PostgreSQL only (PGlite has one connection).
    */
-  const topupHeldAtReserve = async (other: Database, topupAmount: string) => {
+  const withTopupHeldAtReserve = async (context: TestContext, topupAmount: string, check: (topup: {
+    wallet: { wallet_id: string }; held: HeldLocks; automation: ReturnType<typeof runWalletAutomation>;
+    setTopup(amount: string): ReturnType<TestService['request']>;
+  }) => Promise<void>) => {
+    const other = await secondConnection(t, context);
+    if (!other) return;
     const db = t.service.ctx.db;
-    const wallet = await fundedWallet(t, '10');
-    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
-    const setTopup = (amount: string) => t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
-      { body: { enabled: true, triggerBelow: '5', topupAmount: amount } });
-    assert.equal((await setTopup(topupAmount)).status, 200);
-    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
-    const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
-    const held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
-    const automation = runWalletAutomation(t.service.ctx);
-    await queuedBehind(db, held.pid, 1);
-    return { wallet, held, automation, setTopup };
+    let held: HeldLocks | undefined;
+    try {
+      const wallet = await fundedWallet(t, '10');
+      await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+      const setTopup = (amount: string) => t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+        { body: { enabled: true, triggerBelow: '5', topupAmount: amount } });
+      assert.equal((await setTopup(topupAmount)).status, 200);
+      assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+      const [{ org_id: orgId }] = await db.query<{ org_id: string }>('SELECT org_id FROM wallets WHERE id = $1', [wallet.wallet_id]) as [{ org_id: string }];
+      held = await holdLocks(other, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]));
+      const automation = runWalletAutomation(t.service.ctx);
+      await queuedBehind(db, held.pid, 1);
+      await check({ wallet, held, automation, setTopup });
+    } finally {
+      held?.release();
+      await held?.done.catch(() => {});
+      await other.close();
+    }
   };
 
   // Guarantee: a process killed in the middle of an auto-topup loses no topup. The topup is held
   // half way (its funding waits for the reserve's lock, which the test holds); at that moment the
   // vault must not be marked as topped up, or a process killed then would never top it up.
-  test('an auto-topup held half way has not taken its latch: a kill there loses no topup', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    let held: HeldLocks | undefined;
-    try {
-      const topup = await topupHeldAtReserve(other, '10');
-      ({ held } = topup);
+  test('an auto-topup held half way has not taken its latch: a kill there loses no topup', (context) =>
+    withTopupHeldAtReserve(context, '10', async ({ wallet, held, automation }) => {
       const [state] = await t.service.ctx.db.query<{ latched: boolean; fundings: number }>(
         `SELECT topup_fired_at IS NOT NULL AS latched,
            (SELECT count(*)::int FROM transactions WHERE wallet_id = $1 AND type = 'funding' AND memo = 'auto-topup') AS fundings
-         FROM wallets WHERE id = $1`, [topup.wallet.wallet_id]);
+         FROM wallets WHERE id = $1`, [wallet.wallet_id]);
       assert.deepEqual({ ...state }, { latched: false, fundings: 0 }, 'nothing of the topup is written until its funding is');
       held.release();
       await held.done;
-      assert.deepEqual(await topup.automation, { topups: 1, lowBalance: 0 });
-      await topupsOnChain(topup.wallet.wallet_id);
+      assert.deepEqual(await automation, { topups: 1, lowBalance: 0 });
+      await topupsOnChain(wallet.wallet_id);
       await runWalletAutomation(t.service.ctx);
-      assert.equal(await balanceOf(t, topup.wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
-    } finally {
-      held?.release();
-      await held?.done.catch(() => {});
-      await other.close();
-    }
-  });
+      assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
+    }));
 
-  test('an auto-topup amount changed while the topup waits for the reserve: the new amount is funded, not the one read before', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    let held: HeldLocks | undefined;
-    try {
-      const topup = await topupHeldAtReserve(other, '10');
-      ({ held } = topup);
-      assert.equal((await topup.setTopup('3')).status, 200, 'the same trigger, a smaller amount');
+  test('an auto-topup amount changed while the topup waits for the reserve: the new amount is funded, not the one read before', (context) =>
+    withTopupHeldAtReserve(context, '10', async ({ wallet, held, automation, setTopup }) => {
+      assert.equal((await setTopup('3')).status, 200, 'the same trigger, a smaller amount');
       held.release();
       await held.done;
-      assert.deepEqual(await topup.automation, { topups: 0, lowBalance: 0 }, 'the amount read before is not funded');
+      assert.deepEqual(await automation, { topups: 0, lowBalance: 0 }, 'the amount read before is not funded');
       await runWalletAutomation(t.service.ctx);
-      await topupsOnChain(topup.wallet.wallet_id);
+      await topupsOnChain(wallet.wallet_id);
       await runWalletAutomation(t.service.ctx);
-      assert.equal(await balanceOf(t, topup.wallet.wallet_id), '7.00', '4.00 + one topup of 3.00');
-    } finally {
-      held?.release();
-      await held?.done.catch(() => {});
-      await other.close();
-    }
-  });
+      assert.equal(await balanceOf(t, wallet.wallet_id), '7.00', '4.00 + one topup of 3.00');
+    }));
 
   // Guarantee: an auto-topup recorded but never sent (its process died right after recording it)
   // gives its amount back to the reserve once it expires, and the vault is topped up again —
