@@ -38,6 +38,20 @@ export async function secondConnection(t: TestService, context: TestContext): Pr
   return openDatabase({ databaseUrl, dataDir: null, schema });
 }
 
+/**
+ * Runs `work` with a second connection (secondConnection), closed after it whatever happens; on
+ * PGlite the test is skipped and `work` does not run.
+ */
+export async function withSecondConnection(t: TestService, context: TestContext, work: (other: Database) => Promise<unknown>): Promise<void> {
+  const other = await secondConnection(t, context);
+  if (!other) return;
+  try {
+    await work(other);
+  } finally {
+    await other.close();
+  }
+}
+
 /** A transaction holding locks on another connection (holdLocks). */
 export interface HeldLocks {
   /** its backend, for queuedBehind */

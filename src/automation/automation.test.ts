@@ -8,7 +8,7 @@ import { after, before, describe, test, type TestContext } from 'node:test';
 import type { Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
-import { holdLocks, queuedBehind, queuedRequest, secondConnection, type HeldLocks } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, withSecondConnection, type HeldLocks } from '../../test/locks.ts';
 import { encodeBase58 } from '../chain/base58.ts';
 import { ChainUnavailableError } from '../chain/client.ts';
 import { AUTO_TOPUP_MEMO, EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending } from '../transactions/settlement.ts';
@@ -159,9 +159,7 @@ describe('events, wallet states and automation', () => {
   });
 
   test('a vault moved to a policy while its expiry passes and the job runs is refused, not left active on it', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const policyId = await newPolicy(t, { expiry: new Date(t.service.ctx.clock.nowMs() + 3_600_000).toISOString() });
       const wallet = await fundedWallet(t, '3');
       // The move waits for the vault's lock; meanwhile the expiry passes and the job freezes the policy's vaults.
@@ -177,9 +175,7 @@ describe('events, wallet states and automation', () => {
       const after = await t.request('GET', `/v1/wallets/${wallet.wallet_id}`);
       assert.equal(after.body.policy.policy_id, 'pol_permissive', 'left on its policy');
       assert.equal(after.body.status, 'active');
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('an expiry moved later is a new expiry, which freezes again; an expired policy takes no vault', async () => {
@@ -449,9 +445,7 @@ describe('events, wallet states and automation', () => {
   const withTopupHeldAtReserve = async (context: TestContext, topupAmount: string, check: (topup: {
     wallet: { wallet_id: string }; held: HeldLocks; automation: ReturnType<typeof runWalletAutomation>;
     setTopup(amount: string): ReturnType<TestService['request']>;
-  }) => Promise<void>) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
+  }) => Promise<void>) => withSecondConnection(t, context, async (other) => {
     const db = t.service.ctx.db;
     let held: HeldLocks | undefined;
     try {
@@ -469,9 +463,8 @@ describe('events, wallet states and automation', () => {
     } finally {
       held?.release();
       await held?.done.catch(() => {});
-      await other.close();
     }
-  };
+  });
 
   // Guarantee: a process killed in the middle of an auto-topup loses no topup. The topup is held
   // half way (its funding waits for the reserve's lock, which the test holds); at that moment the

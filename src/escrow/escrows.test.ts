@@ -12,7 +12,7 @@ import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
-import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
 import { canonicalJson } from '../http/idempotency.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
@@ -174,9 +174,7 @@ describe('escrow', () => {
   // Guarantee: an escrow never opens to a vault archived while the escrow was being opened (its
   // refund could go back, but its release would be stranded in a vault that answers only reads).
   test('a receiving vault archived while an escrow to it waits for the payer\'s lock: the escrow is refused', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const from = await fundedWallet(t, '10');
       const to = await fundedWallet(t, '1');
       assert.ok(from.wallet_id < to.wallet_id, 'the receiving vault comes after the payer in id order: it is locked second');
@@ -193,15 +191,11 @@ describe('escrow', () => {
       assert.equal(n, 0, 'no escrow to the archived vault');
       assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'nothing locked');
       await assertConserved();
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('a session token rotated while its escrow waits for the vault\'s lock: the escrow is refused, nothing locked', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const from = await fundedWallet(t, '10');
       const to = await fundedWallet(t, '1');
       const agentKey = await t.createKey('agent');
@@ -217,9 +211,7 @@ describe('escrow', () => {
       assert.equal(refused.body.error.code, 'session_token_invalid');
       assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'nothing locked');
       await assertConserved();
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   // Guarantee: rotating a vault's session token revokes it at once (DESIGN §7), also for an
@@ -502,9 +494,7 @@ describe('escrow', () => {
   // Guarantee: a completion never deadlocks with a payment batch (or a funding) that locks the
   // same two vaults, whichever of them comes first in id order.
   test('a completion and a batch locking both its vaults in id order do not deadlock', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const [first, second] = [await fundedWallet(t, '10'), await fundedWallet(t, '10')].sort((x, y) => (x.wallet_id < y.wallet_id ? -1 : 1)) as [FundedWallet, FundedWallet];
       const verifier = await t.request('POST', '/v1/verifiers', { body: { name: unique('verifier') } });
       const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);
@@ -554,9 +544,7 @@ describe('escrow', () => {
       // An escrow opened by the later vault to the earlier one: its foreign key locks the receiver.
       const opened = await beside('opened, receiver first', () => open(second, first.wallet_id));
       assert.equal(opened.status, 'locked');
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('a timeout refunds on the service clock; completing after it is escrow_expired; a settled escrow refuses everything', async () => {

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { generateKeyPairSigner, lamports } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
 import { OffsetClock } from '../clock/clock.ts';
 import { startRpcServer } from '../validator/http.ts';
 import { SNAPSHOT_FILES } from '../validator/state-file.ts';
@@ -141,9 +141,7 @@ describe('HTTP foundation', () => {
   });
 
   test('a database connection lost under a request is 503 service_unavailable, and the next request is served', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const created = await t.request('POST', '/v1/wallets', { body: { agentId: `lost-${process.pid}`, label: 'Before', policyId: 'pol_moderate' } });
       assert.equal(created.status, 200, JSON.stringify(created.body));
       const walletId = created.body.wallet_id as string;
@@ -156,9 +154,7 @@ describe('HTTP foundation', () => {
       const read = await t.request('GET', `/v1/wallets/${walletId}`);
       assert.equal(read.status, 200);
       assert.equal(read.body.label, 'Before', 'nothing of the failed request was written');
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('a wrong or revoked key is 401; a syntactically odd one never reaches the database', async () => {

@@ -9,7 +9,7 @@ import { after, before, describe, test, type TestContext } from 'node:test';
 import { address, createSolanaRpc } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
-import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
@@ -443,9 +443,7 @@ describe('payments', () => {
   });
 
   test('a rejection that waited for the payment\'s lock while its expiry passed finds it expired', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const policyId = await newPolicy(t, { requireCoSign: '3' });
       const wallet = await fundedWallet(t, '20', policyId);
       const waiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '5', currency: 'USDC' } });
@@ -455,9 +453,7 @@ describe('payments', () => {
         () => t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 24 * 3600 + 1 } }));
       assert.equal(rejected.status, 200, JSON.stringify(rejected.body));
       assert.equal(rejected.body.approval.status, 'expired');
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('an approval is checked again as of then: a rule that fails blocks it, a balance too low leaves it awaiting', async () => {
@@ -840,9 +836,7 @@ describe('payments', () => {
   // them (its UPDATE of the row, then the failed rule's of the vault): an approval clicked again
   // while the first one's chain failure is being settled waits for it instead of deadlocking.
   test('an approval behind a settlement holding the payment\'s row and then taking its vault\'s waits, without a deadlock', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const wallet = await fundedWallet(t, '10', await newPolicy(t, { requireCoSign: '1' }));
       const waiting = (await t.request('POST', '/v1/payments', {
         body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' },
@@ -855,18 +849,14 @@ describe('payments', () => {
       assert.equal(approved.status, 200, JSON.stringify(approved.body));
       assert.equal(approved.body.status, 'confirmed');
       assert.equal(await balanceOf(t, wallet.wallet_id), '8.00');
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   // Guarantee: a payment is decided at a time no earlier than any spend committed before its
   // vault's lock was granted (it read the clock before waiting for the lock), so every 24 h
   // window ending at a recorded spend holds within maxPerDay.
   test('a payment that waited for its vault behind a later spend is decided at that spend\'s time, never over the day\'s limit', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const wallet = await fundedWallet(t, '300', await newPolicy(t, { maxPerTx: '100', maxPerDay: '100' }));
       const worker = await fundedWallet(t, '1');
       const to = await newRecipient();
@@ -908,9 +898,7 @@ describe('payments', () => {
         const inWindow = spends.filter((spend) => spend.spend_at_ms > end.spend_at_ms - 86_400_000n && spend.spend_at_ms <= end.spend_at_ms);
         assert.ok(inWindow.reduce((sum, spend) => sum + spend.amount, 0n) <= 100_000_000n, `the 24 h ending at ${end.id} holds within 100 USDC`);
       }
-    } finally {
-      await other.close();
-    }
+    });
   });
 });
 

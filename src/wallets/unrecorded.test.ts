@@ -7,7 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import { address, generateKeyPairSigner, lamports } from '@solana/kit';
 import { fundedWallet, type FundedWallet } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { holdLocks, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
 import { newId } from '../ids/ids.ts';
 import { confirmed, signedTransaction, transferToken } from '../validator/testing.ts';
 
@@ -50,9 +50,7 @@ describe('USDC sent to a vault from outside the service', () => {
   });
 
   test('a vault whose row changed between the chain\'s read and the archive\'s lock is not archived: archive again', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const wallet = await emptied('1');
       const held = await holdLocks(other, (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]),
         (tx) => tx.query('UPDATE wallets SET last_transaction_at = last_transaction_at WHERE id = $1', [wallet.wallet_id]));
@@ -60,15 +58,11 @@ describe('USDC sent to a vault from outside the service', () => {
       assert.equal(answer.status, 422, JSON.stringify(answer.body));
       assert.match(answer.body.error.message, /changed while it was checked/);
       assert.equal((await t.request('DELETE', `/v1/wallets/${wallet.wallet_id}`)).status, 200, 'archived the second time');
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('a vault busy when the chain was to be read and settled before the archive\'s lock is not archived unchecked', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const wallet = await emptied('1');
       // A move in flight (as a withdrawal sent and not yet settled would be), settled by the transaction holding the vault.
       const txId = newId('tx', ctx().clock.nowMs());
@@ -81,8 +75,6 @@ describe('USDC sent to a vault from outside the service', () => {
       assert.equal(answer.status, 422, JSON.stringify(answer.body));
       assert.match(answer.body.error.message, /changed while it was checked/);
       assert.notEqual(await statusOf(wallet), 'archived');
-    } finally {
-      await other.close();
-    }
+    });
   });
 });

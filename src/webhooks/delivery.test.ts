@@ -18,7 +18,7 @@ import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { holdLocks, queuedBehind, queuedRequest, secondConnection } from '../../test/locks.ts';
+import { holdLocks, queuedBehind, queuedRequest, withSecondConnection } from '../../test/locks.ts';
 import { openDatabase, type Queryable } from '../db/database.ts';
 import { recordEvent, recordEvents } from '../events/events.ts';
 import { newId } from '../ids/ids.ts';
@@ -292,9 +292,7 @@ describe('webhook deliveries', () => {
   });
 
   test('an event committed before the disable is kept while an older transaction is still open elsewhere', async (context) => {
-    const other = await secondConnection(t, context);
-    if (!other) return;
-    try {
+    await withSecondConnection(t, context, async (other) => {
       const { key, webhookId } = await setUp('/disabled-open', ['policy.created']);
       // Some other work holds a transaction open from before the event (the stream's horizon stays behind it).
       const older = await holdLocks(other, (tx) => tx.query('SELECT pg_current_xact_id()'));
@@ -307,9 +305,7 @@ describe('webhook deliveries', () => {
         older.release();
         await older.done;
       }
-    } finally {
-      await other.close();
-    }
+    });
   });
 
   test('an event still unsent after the delivery log\'s 30 days is given up unsent (expired)', async () => {
@@ -910,9 +906,7 @@ describe('webhook deliveries', () => {
      * PATCH, or acknowledged deliveries left to be sent again.
      */
     test('PATCH disabled while successes of its deliveries are being recorded: both finish, no deadlock', async (context) => {
-      const other = await secondConnection(t, context);
-      if (!other) return;
-      try {
+      await withSecondConnection(t, context, async (other) => {
         const { key, orgId, webhookId } = await raceWebhook('/failing-disabled');
         const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
 
@@ -921,16 +915,12 @@ describe('webhook deliveries', () => {
         assert.equal(answer.status, 200, JSON.stringify(answer.body));
         assert.equal(answer.body.status, 'disabled');
         assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' }, 'acknowledged deliveries stay delivered');
-      } finally {
-        await other.close();
-      }
+      });
     });
 
     /** The same for re-enabling, which resumes the paused deliveries: a success delivers a paused delivery too. */
     test('PATCH active while successes of its paused deliveries are being recorded: both finish, no deadlock', async (context) => {
-      const other = await secondConnection(t, context);
-      if (!other) return;
-      try {
+      await withSecondConnection(t, context, async (other) => {
         const { key, orgId, webhookId } = await raceWebhook('/failing-enabled');
         const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
         assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).status, 200);
@@ -939,16 +929,12 @@ describe('webhook deliveries', () => {
         const answer = await queuedRequest(other, held, () => t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'active' } }));
         assert.equal(answer.status, 200, JSON.stringify(answer.body));
         assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' });
-      } finally {
-        await other.close();
-      }
+      });
     });
 
     /** The same for the fifth failure of a run, which degrades the webhook and pauses its other pending deliveries. */
     test('a last attempt failing while successes of the webhook\'s other deliveries are being recorded: it degrades, no deadlock', async (context) => {
-      const other = await secondConnection(t, context);
-      if (!other) return;
-      try {
+      await withSecondConnection(t, context, async (other) => {
         const { key, orgId, webhookId } = await raceWebhook('/failing-degraded');
         await newPolicyEvent(key, 'Race');
         await t.service.jobs.runOnce();
@@ -970,9 +956,7 @@ describe('webhook deliveries', () => {
         const webhook = await t.request('GET', `/v1/webhooks/${webhookId}`, { key });
         assert.equal(webhook.body.status, 'degraded');
         assert.deepEqual(await statuses(webhookId), { [exhausted]: 'paused', [older]: 'delivered', [newer]: 'delivered' });
-      } finally {
-        await other.close();
-      }
+      });
     });
 
     /**
@@ -984,9 +968,7 @@ describe('webhook deliveries', () => {
      */
     for (const ending of ['failed', 'lost'] as const) {
       test(`a last attempt ${ending} while a late success of it is recorded with an older delivery's: no deadlock, both delivered`, async (context) => {
-        const other = await secondConnection(t, context);
-        if (!other) return;
-        try {
+        await withSecondConnection(t, context, async (other) => {
           const { key, orgId, webhookId } = await raceWebhook(`/failing-late-success-${ending}`);
           const olderAtMs = t.service.ctx.clock.nowMs();
           await advance(1);
@@ -1015,9 +997,7 @@ describe('webhook deliveries', () => {
             : settleLostFinalAttempts(t.service.ctx.db, t.service.ctx.clock.nowMs())));
           assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'a delivered delivery degrades nothing');
           assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [exhausted]: 'delivered' });
-        } finally {
-          await other.close();
-        }
+        });
       });
     }
 
@@ -1028,9 +1008,7 @@ describe('webhook deliveries', () => {
      * position), and the disabling had not kept it either (not committed yet).
      */
     test('an event written by a transaction open while the webhook is re-enabled, committed after, is delivered', async (context) => {
-      const other = await secondConnection(t, context);
-      if (!other) return;
-      try {
+      await withSecondConnection(t, context, async (other) => {
         const { key, orgId, webhookId } = await raceWebhook('/reenabled-across');
         assert.equal((await t.request('PATCH', `/v1/webhooks/${webhookId}`, { key, body: { status: 'disabled' } })).status, 200);
         let eventId = '';
@@ -1048,16 +1026,12 @@ describe('webhook deliveries', () => {
         assert.deepEqual(arrivals('/reenabled-across').map((r) => r.body.id), [eventId]);
         const log = await t.request('GET', `/v1/webhooks/${webhookId}/deliveries`, { key });
         assert.deepEqual(log.body.data.map((d: { event_id: string; status: string }) => [d.event_id, d.status]), [[eventId, 'delivered']]);
-      } finally {
-        await other.close();
-      }
+      });
     });
 
     /** Likewise the retention job, which gives up deliveries still undelivered after 30 days. */
     test('deliveries expiring while their successes are being recorded: both finish, no deadlock', async (context) => {
-      const other = await secondConnection(t, context);
-      if (!other) return;
-      try {
+      await withSecondConnection(t, context, async (other) => {
         const { key, orgId, webhookId } = await raceWebhook('/failing-expiring');
         const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
         await advance(DELIVERY_LOG_RETENTION_MS / 1000 + 1);
@@ -1065,9 +1039,7 @@ describe('webhook deliveries', () => {
         const held = await holdLocks(other, lockOlder(older), deliverBoth(older, newer));
         await queuedRequest(other, held, () => expireDeliveryLog(t.service.ctx.db, t.service.ctx.clock.nowMs()));
         assert.deepEqual(await statuses(webhookId), { [older]: 'delivered', [newer]: 'delivered' });
-      } finally {
-        await other.close();
-      }
+      });
     });
   });
 });
