@@ -932,18 +932,24 @@ describe('webhook deliveries', () => {
       });
     });
 
+    /** A new event whose first four attempts to the (failing) webhook fail, on schedule: its delivery's id. */
+    const fourFailedAttempts = async (key: string, webhookId: string): Promise<string> => {
+      await newPolicyEvent(key, 'Race');
+      await t.service.jobs.runOnce();
+      const [delivery] = Object.keys(await statuses(webhookId));
+      for (const seconds of [60, 300, 1_800]) {
+        await advance(seconds);
+        await t.service.jobs.runOnce();
+      }
+      return delivery!;
+    };
+
     /** The same for the fifth failure of a run, which degrades the webhook and pauses its other pending deliveries. */
     test('a last attempt failing while successes of the webhook\'s other deliveries are being recorded: it degrades, no deadlock', async (context) => {
       await withSecondConnection(t, context, async (other) => {
         const { key, orgId, webhookId } = await raceWebhook('/failing-degraded');
-        await newPolicyEvent(key, 'Race');
-        await t.service.jobs.runOnce();
-        const [exhausted] = Object.keys(await statuses(webhookId));
-        // Attempts 2 to 4 of the first event fail; then two later events' first attempts.
-        for (const seconds of [60, 300, 1_800]) {
-          await advance(seconds);
-          await t.service.jobs.runOnce();
-        }
+        const exhausted = await fourFailedAttempts(key, webhookId);
+        // Then two later events' first attempts fail.
         const [older, newer] = await twoPendingDeliveries(key, orgId, webhookId);
         assert.ok(exhausted && exhausted < older, 'the exhausted delivery is the oldest');
         await advance(7_200);
@@ -972,13 +978,7 @@ describe('webhook deliveries', () => {
           const { key, orgId, webhookId } = await raceWebhook(`/failing-late-success-${ending}`);
           const olderAtMs = t.service.ctx.clock.nowMs();
           await advance(1);
-          await newPolicyEvent(key, 'Race');
-          await t.service.jobs.runOnce();
-          const [exhausted] = Object.keys(await statuses(webhookId));
-          for (const seconds of [60, 300, 1_800]) {
-            await advance(seconds);
-            await t.service.jobs.runOnce();
-          }
+          const exhausted = await fourFailedAttempts(key, webhookId);
           // An older event, whose transaction was slow to commit: its first attempt fails now.
           await recordEvent(t.service.ctx.db, olderAtMs, { orgId, type: 'policy.created', summary: 'slow to commit', payload: {} });
           await t.service.jobs.runOnce();
