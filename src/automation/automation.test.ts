@@ -285,6 +285,30 @@ describe('events, wallet states and automation', () => {
     assert.equal((await eventsOf('balance.low', watched.wallet_id)).length, 2, 'the crossing after the funding is told too');
   });
 
+  test('a fall below the threshold that a funding undid before the job looked is told, with the balance it left', async () => {
+    const wallet = await fundedWallet(t, '10');
+    assert.equal((await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '19' } })).status, 200);
+    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    assert.equal((await pay(wallet.wallet_id, '7')).status, 200);
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '7' } })).status, 200);
+    await t.service.jobs.runOnce();
+    const told = await eventsOf('balance.low', wallet.wallet_id);
+    assert.deepEqual(told.map((e) => [e.details.current_balance, e.details.threshold]), [['3.00', '5.00']]);
+    await t.service.jobs.runOnce();
+    assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 1, 'told once');
+    // Not latched by that telling: the balance was back, so the next fall is told too.
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    await t.service.jobs.runOnce();
+    assert.deepEqual((await eventsOf('balance.low', wallet.wallet_id)).map((e) => e.details.current_balance), ['4.00', '3.00']);
+    // Setting the threshold starts afresh: a fall noted under the old one is not told.
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '6' } })).status, 200);
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    assert.equal((await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '6' } })).status, 200);
+    await t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await t.service.jobs.runOnce();
+    assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 2);
+  });
+
   /** One run of every job while the database refuses balance.low events, as a full disk or a lost connection would. */
   const runJobsRefusingBalanceLowEvents = async () => {
     const db = t.service.ctx.db;

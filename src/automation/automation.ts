@@ -110,12 +110,21 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
   // reserve could not cover, retried below).
 
   // Each latch is set in the transaction that writes its event (the outbox): both or neither.
+  // A vault below its threshold is told and latched; one whose fall a credit undid before this
+  // run (the crossing noted by migration 0033's trigger) is told with the balance the fall left,
+  // and not latched: its balance is back, and its next fall is told again.
   const lows = await ctx.db.transaction(async (tx) => {
     const latched = await tx.query<{ id: string; org_id: string; balance: bigint; low_balance_threshold: bigint }>(
-      `UPDATE wallets SET low_balance_fired_at = $1 WHERE id IN (
-         SELECT id FROM wallets WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
-           AND balance < low_balance_threshold AND status <> 'archived' LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
-       RETURNING id, org_id, balance, low_balance_threshold`, [now]);
+      `WITH due AS (
+         SELECT id, low_balance_crossed_balance AS crossed FROM wallets
+         WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
+           AND (balance < low_balance_threshold OR low_balance_crossed_balance IS NOT NULL) AND status <> 'archived'
+         LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
+       UPDATE wallets w SET low_balance_fired_at = CASE WHEN w.balance < w.low_balance_threshold THEN $1::timestamptz END,
+         low_balance_crossed_balance = NULL
+       FROM due WHERE w.id = due.id
+       RETURNING w.id, w.org_id, CASE WHEN w.balance < w.low_balance_threshold THEN w.balance ELSE due.crossed END AS balance,
+         w.low_balance_threshold`, [now]);
     // One statement for all their events: the vaults' locks are held no longer than that.
     await recordEvents(tx, now.getTime(),
       latched.map((wallet) => lowBalanceEvent(wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold)));

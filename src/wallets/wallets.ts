@@ -604,7 +604,8 @@ export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, in
          chain_status = CASE WHEN $7::boolean THEN 'pending' ELSE chain_status END,
          policy_violation_at = CASE WHEN policy_id = $3 THEN policy_violation_at END,
          low_balance_threshold = CASE WHEN $8::boolean THEN $9::bigint ELSE low_balance_threshold END,
-         low_balance_fired_at = CASE WHEN $8::boolean THEN NULL ELSE low_balance_fired_at END
+         low_balance_fired_at = CASE WHEN $8::boolean THEN NULL ELSE low_balance_fired_at END,
+         low_balance_crossed_balance = CASE WHEN $8::boolean THEN NULL ELSE low_balance_crossed_balance END
        WHERE id = $1`,
       [walletId, next.label, next.policyId, next.tags, next.status, new Date(nowMs), chainChange,
         input.lowBalanceThreshold !== undefined, input.lowBalanceThreshold ?? null]);
