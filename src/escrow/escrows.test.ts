@@ -960,6 +960,19 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('a malformed toWallet is refused before the idempotency key is taken: corrected, the same key locks', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const key = unique('escrow');
+    const body = { fromWallet: from.wallet_id, amount: '1', currency: 'USDC', taskDescription: 'once' };
+    const refused = await t.request('POST', '/v1/payments/a2a', { headers: { 'idempotency-key': key }, body: { ...body, toWallet: 'not an address' } });
+    assert.equal(refused.status, 400);
+    assert.equal(refused.body.error.code, 'invalid_recipient');
+    const locked = await t.request('POST', '/v1/payments/a2a', { headers: { 'idempotency-key': key }, body: { ...body, toWallet: to.wallet_id } });
+    assert.equal(locked.status, 200, JSON.stringify(locked.body));
+    assert.equal(await balanceOf(t, from.wallet_id), '9.00');
+  });
+
   test('idempotent creation makes one escrow; an agent needs its vault\'s session token', async () => {
     const from = await fundedWallet(t, '10');
     const to = await fundedWallet(t, '0.5');

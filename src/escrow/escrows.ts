@@ -170,9 +170,23 @@ interface Receiver {
   categories: string[];
 }
 
+/**
+ * `toWallet` as a chain address; refused when it is neither that nor a vault id (`wal_…`). The
+ * route asks before the idempotency key is taken, so a corrected `toWallet` may use the same key.
+ */
+export function receiverAddress(toWallet: string): Address | null {
+  if (toWallet.startsWith('wal_')) return null;
+  try {
+    return address(toWallet);
+  } catch {
+    throw new ServiceError('invalid_recipient', 'toWallet is a wallet id of your organisation or a chain address.', { param: 'to_wallet' });
+  }
+}
+
 /** The receiver as the request names it: a vault id of the organisation, or any chain address. */
 async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): Promise<Receiver> {
-  if (toWallet.startsWith('wal_')) {
+  const receiver = receiverAddress(toWallet);
+  if (receiver === null) {
     const [wallet] = await q.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, toWallet]);
     if (!wallet) throw walletNotFound(toWallet);
     assertNotArchived(wallet);
@@ -180,12 +194,6 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
       address: wallet.chain_address, walletId: wallet.id, orgId: wallet.org_id,
       ...await addressCategories(q, orgId, wallet.chain_address),
     };
-  }
-  let receiver: Address;
-  try {
-    receiver = address(toWallet);
-  } catch {
-    throw new ServiceError('invalid_recipient', 'toWallet is a wallet id of your organisation or a chain address.', { param: 'to_wallet' });
   }
   // A vault of this service, of any organisation, is credited as a vault; any other account of
   // the service is refused (a release there would sit where nothing moves it on); anything else

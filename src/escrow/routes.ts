@@ -16,7 +16,7 @@ import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
-  completeEscrow, createEscrow, disputeEscrow, getEscrow, isServiceArbiter, resolveEscrow, type EscrowRow, type PartySession,
+  completeEscrow, createEscrow, disputeEscrow, getEscrow, isServiceArbiter, receiverAddress, resolveEscrow, type EscrowRow, type PartySession,
 } from './escrows.ts';
 import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
 
@@ -179,6 +179,8 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       timeoutSeconds: body.timeoutSeconds ?? TIMEOUT_SECONDS_DEFAULT, expectedOutputHash: body.expectedOutputHash ?? null,
       verifierId: body.verifierId ?? null,
     };
+    // A malformed toWallet is refused here, before the key is taken, as a malformed amount is.
+    receiverAddress(input.toWallet);
     const result = await runIdempotent(ctx.db, {
       orgId: principal.orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], body.idempotencyKey),
       operation: 'escrows.create', params: input, nowMs: ctx.clock.nowMs(),

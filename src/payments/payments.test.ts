@@ -518,6 +518,9 @@ describe('payments', () => {
     assert.ok(refused.every((answer) => answer.status === 400 && answer.body.error.code === 'invalid_request'
       && /100 payments awaiting/.test(answer.body.error.message) && answer.body.error.wallet_id === wallet.wallet_id), JSON.stringify(refused[0]?.body));
     assert.equal(await countRows(t, wallet.wallet_id), 100, 'the refused ones recorded nothing');
+    const check = await t.request('POST', '/v1/payments/check', { body: { walletId: wallet.wallet_id, to, amount: '2' } });
+    assert.deepEqual([check.body.allowed, check.body.reason, check.body.requires_approval], [false, 'invalid_request', true],
+      'the preflight says what paying answers');
 
     assert.equal((await t.request('POST', `/v1/payments/${waiting[0]!.body.tx_id}/reject`)).status, 200);
     const next = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '2', currency: 'USDC' } });
@@ -997,6 +1000,24 @@ describe('payments under concurrency', () => {
     const back = await burst(wallet.wallet_id, 3, '1');
     assert.deepEqual(back.map((r) => r.status).sort(), [200, 200, 402], 'an hour on, two more and no more');
     await assertVaultConsistent(t, wallet.wallet_id, 10_000_000n);
+  });
+
+  test('a malformed `to` is refused before the idempotency key is taken: corrected, the same key pays', async () => {
+    const wallet = await fundedWallet(t, '10');
+    const key = unique('pay');
+    for (const to of ['not an address', '   ']) {
+      const refused = await t.request('POST', '/v1/payments', {
+        headers: { 'idempotency-key': key }, body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' },
+      });
+      assert.equal(refused.status, 400);
+      assert.equal(refused.body.error.code, 'invalid_recipient');
+      assert.equal(refused.headers['idempotency-replayed'], undefined);
+    }
+    const paid = await t.request('POST', '/v1/payments', {
+      headers: { 'idempotency-key': key }, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+    });
+    assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    assert.equal(await balanceOf(t, wallet.wallet_id), '9.00');
   });
 
   test('20 concurrent identical idempotent requests make one payment', async () => {

@@ -486,6 +486,11 @@ async function awaitingCountOf(tx: Queryable, walletId: string): Promise<number>
   return row!.n;
 }
 
+/** Whether a payment of `walletId` above its co-sign threshold would be refused now: it has the most awaiting it may have. */
+export async function awaitingFull(q: Queryable, walletId: string): Promise<boolean> {
+  return (await awaitingCountOf(q, walletId)) >= AWAITING_PER_WALLET_MAX;
+}
+
 function tooManyAwaiting(walletId: string): ServiceError {
   return new ServiceError('invalid_request',
     `Wallet ${walletId} has ${AWAITING_PER_WALLET_MAX} payments awaiting their co-signature, the most it may have: approve or reject some first.`,

@@ -11,12 +11,12 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
-import { CATEGORY_PATTERN, recipientName } from '../recipients/recipients.ts';
+import { CATEGORY_PATTERN, malformedRecipient, recipientName, recipientTarget } from '../recipients/recipients.ts';
 import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
 import { PaymentView, getTransaction, paymentView } from '../transactions/views.ts';
 import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
 import { SpendingView, spendingOf } from './budgets.ts';
-import { MEMO_MAX_CHARS, approvePayment, pay, readPayment, rejectPayment, type PaymentOutcome } from './payments.ts';
+import { MEMO_MAX_CHARS, approvePayment, awaitingFull, pay, readPayment, rejectPayment, type PaymentOutcome } from './payments.ts';
 import { evaluate } from './policy-engine.ts';
 import { spendStateOf, spendWindowsAt } from './spend-state.ts';
 
@@ -98,6 +98,9 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const input = {
       walletId, to: recipientName(body.to), amount, memo: body.memo ?? null, category: body.category?.toLowerCase() ?? null,
     };
+    // A malformed `to` is refused before the key is taken, as a malformed amount is: the same key
+    // with the `to` corrected pays (docs/payments.md, Idempotency).
+    if (recipientTarget(input.to) === null) throw malformedRecipient(input.to);
     const { wallet, recipient } = await readRequest(principal, walletId, input.to, input.category, headers['session-token']);
     return runIdempotent(ctx.db, {
       orgId: principal.orgId, key: idempotencyKeyOf(headers['idempotency-key'], body.idempotencyKey),
@@ -175,9 +178,12 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const decision = evaluate(rules, spendStateOf(await spendWindowsAt(ctx.db, wallet.id, nowMs)), {
       amount, recipient: to, recipientAddress: recipient.address, category: recipient.category, categories: recipient.categories, atMs: nowMs,
     });
+    // In the order paying refuses: frozen, the policy, the balance, then a co-signature the vault
+    // has no room to await.
     const reason = wallet.status === 'frozen' ? 'wallet_frozen'
       : !decision.allowed ? 'policy_violation'
-        : wallet.balance < amount ? 'wallet_insufficient_balance' : null;
+        : wallet.balance < amount ? 'wallet_insufficient_balance'
+          : decision.requiresApproval && await awaitingFull(ctx.db, wallet.id) ? 'invalid_request' : null;
     return {
       allowed: reason === null,
       reason,

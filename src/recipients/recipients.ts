@@ -239,6 +239,11 @@ export function recipientTarget(to: string): RecipientTarget | null {
   return domain === null ? null : { address: null, domain };
 }
 
+/** The refusal of a `to` that is neither a chain address nor a domain, whoever asks. */
+export function malformedRecipient(to: string): ServiceError {
+  return new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
+}
+
 /**
  * A payment's `to` as it is recorded, hashed, compared for idempotency and filtered: trimmed, and
  * a domain in its directory (lowercase) form, so `API.Shop.Example` and `api.shop.example` are
@@ -319,9 +324,7 @@ function resolvedTarget(
   to: string, target: RecipientTarget | null, entry: RecipientEntry | undefined, requestCategory?: string | null,
 ): ResolvedRecipient {
   const fallbackCategory = requestCategory == null ? null : categoryOf(requestCategory);
-  if (target === null) {
-    throw new ServiceError('invalid_recipient', `to ${quoted(to)} is neither a chain address nor a domain.`, { param: 'to' });
-  }
+  if (target === null) throw malformedRecipient(to);
   if (target.domain !== null && !entry) {
     throw new ServiceError('invalid_recipient',
       `${quoted(target.domain)} is not in your recipient directory: add it with POST /v1/recipients, or pay a chain address.`, { param: 'to' });
