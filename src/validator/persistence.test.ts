@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -14,7 +15,7 @@ import { LOCK_FILE, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
 import {
   confirmed, createAtaIdempotent, memoInstruction, signedTransaction, transferSol, transferToken, writeMemoProgram, type TestRpc,
 } from './testing.ts';
-import { DEFAULT_PROGRAM_SO_PATH, LocalValidator, PROGRAM_KEY_FILE, VALIDATOR_KEY_FILE } from './validator.ts';
+import { DEFAULT_PROGRAM_SO_PATH, LocalValidator, PROGRAM_KEY_FILE, UNPUBLISHED_SLOTS_MAX, VALIDATOR_KEY_FILE } from './validator.ts';
 
 const START_MS = 1_750_000_000_000;
 
@@ -284,6 +285,42 @@ describe('local validator persistence', () => {
     }
   });
 
+  // Guarantee: the same while a snapshot write hangs without failing (a stalled disk).
+  it('holds its slots while a snapshot write hangs, so a transaction it executed cannot expire unseen', async () => {
+    const dataDir = join(root, 'hang');
+    const slotMs = 50;
+    const validator = await LocalValidator.open({ dataDir, slotMs, clock: new ManualClock(START_MS), programSoPath: null });
+    const rpc = createInProcessRpc(validator) as TestRpc;
+    const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+    let resume = async () => {};
+    try {
+      const payer = await generateKeyPairSigner();
+      await confirmed(rpc, await rpc.requestAirdrop(payer.address, lamports(1_000_000n)).send());
+      // Sent just after a slot began, then every file operation of this process stalls (each of
+      // libuv's threads blocked opening a pipe nobody writes), as on a disk that stopped
+      // answering: the slot's snapshot starts and does not end.
+      const before = await rpc.getBlockHeight().send();
+      while (await rpc.getBlockHeight().send() === before) await new Promise((resolve) => setImmediate(resolve));
+      const sentAt = await rpc.getBlockHeight().send();
+      const executed = await rpc.requestAirdrop(payer.address, lamports(2_000_000n)).send();
+      resume = stallFileOperations();
+      await pause(30 * slotMs);
+      const held = await rpc.getBlockHeight().send();
+      assert.ok(held <= sentAt + BigInt(UNPUBLISHED_SLOTS_MAX) + 1n, `slots held at ${held}, sent at ${sentAt}`);
+      await pause(5 * slotMs);
+      assert.equal(await rpc.getBlockHeight().send(), held, 'no slot is made while the snapshot hangs');
+      assert.equal((await rpc.getSignatureStatuses([executed]).send()).value[0], null, 'executed, not yet visible');
+      await resume();
+      await confirmed(rpc, executed);
+      await pause(3 * slotMs);
+      assert.ok(await rpc.getBlockHeight().send() > held, 'slots resume');
+      assert.equal((await rpc.getBalance(payer.address).send()).value, 3_000_000n);
+    } finally {
+      await resume();
+      await validator.close();
+    }
+  });
+
   // Guarantee: our own program, once built, is deployed through the loader and runs after a restart.
   it('deploys program/agent_vault.so and runs it after a restart', { skip: !existsSync(DEFAULT_PROGRAM_SO_PATH) }, async () => {
     const dataDir = join(root, 'agent-vault');
@@ -312,3 +349,22 @@ describe('local validator persistence', () => {
     }
   });
 });
+
+/**
+ * Blocks every thread of libuv's pool (where file operations run) in an open of a pipe that no
+ * one writes; the function returned lets them go.
+ */
+function stallFileOperations(): () => Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), 'av-stall-'));
+  const pipes = Array.from({ length: Number(process.env.UV_THREADPOOL_SIZE ?? 4) }, (_, i) => join(dir, `pipe-${i}`));
+  for (const pipe of pipes) assert.equal(spawnSync('mkfifo', [pipe]).status, 0, 'mkfifo');
+  const stalled = pipes.map((pipe) => open(pipe, 'r'));
+  let released: Promise<void> | null = null;
+  return () => released ??= (async () => {
+    // A writer's open completes each reader's.
+    const writers = pipes.map((pipe) => openSync(pipe, constants.O_WRONLY | constants.O_NONBLOCK));
+    for (const handle of await Promise.all(stalled)) await handle.close();
+    for (const writer of writers) closeSync(writer);
+    rmSync(dir, { recursive: true });
+  })();
+}

@@ -71,6 +71,14 @@ export const USDC_DECIMALS = 6;
 export const BLOCKHASH_VALIDITY_SLOTS = 150;
 /** Slot length used for blockhash ageing when transactions execute at once (slotMs 0). */
 const NOMINAL_SLOT_MS = 400;
+/**
+ * Slots run at most this far past the slot of the oldest executed transaction whose snapshot is
+ * not written yet. A snapshot that hangs (a stalled disk) holds the slots, as a failed one halts
+ * them: otherwise the block height would pass the transaction's last valid height while its
+ * status is not visible, and a client (the service's reconciler, whose margin is 32 blocks)
+ * would judge it expired although it ran.
+ */
+export const UNPUBLISHED_SLOTS_MAX = 16;
 /** Like a block's compute limit: what is left waits for the next slot. */
 export const MAX_TRANSACTIONS_PER_SLOT = 4_000;
 /** Transactions waiting for a slot; beyond this sendTransaction is refused. */
@@ -279,6 +287,10 @@ export class LocalValidator {
    * valid block height unseen (a client would declare it expired while it ran).
    */
   #haltedBy: string | null = null;
+  /** The batch the snapshot being written will make visible. */
+  #persistingBatch: readonly ExecutedTransaction[] = [];
+  /** Slots are held behind a snapshot that takes too long (UNPUBLISHED_SLOTS_MAX); logged once per hold. */
+  #heldBySnapshot = false;
   #closed = false;
   #closing: Promise<void> | null = null;
   #programDeployed = false;
@@ -537,8 +549,25 @@ export class LocalValidator {
   #rollImmediateSlot(): void {
     if (this.slotMs !== 0 || this.#haltedBy !== null) return;
     const elapsed = Date.now() - this.#slotStartedWallMs;
-    if (elapsed >= NOMINAL_SLOT_MS) this.#advanceSlot(Math.floor(elapsed / NOMINAL_SLOT_MS));
+    const by = elapsed >= NOMINAL_SLOT_MS ? this.#slotsAllowed(Math.floor(elapsed / NOMINAL_SLOT_MS)) : 0;
+    if (by > 0) this.#advanceSlot(by);
     else this.#setClockSysvar();
+  }
+
+  /**
+   * How many of `wanted` slots may be made now: none past UNPUBLISHED_SLOTS_MAX slots after the
+   * oldest executed transaction not yet visible (its snapshot still being written).
+   */
+  #slotsAllowed(wanted: number): number {
+    const oldest = this.#persistingBatch[0] ?? this.#unpublished[0];
+    const allowed = oldest ? Math.max(0, Math.min(wanted, oldest.record.slot + UNPUBLISHED_SLOTS_MAX - this.#slot)) : wanted;
+    if ((allowed < wanted) !== this.#heldBySnapshot) {
+      this.#heldBySnapshot = allowed < wanted;
+      this.#log(this.#heldBySnapshot
+        ? { level: 'warn', msg: 'validator snapshot is slow: slots held until it is written', slot: this.#slot, oldestUnpublishedSlot: oldest!.record.slot }
+        : { level: 'warn', msg: 'validator snapshot written: slots resume' });
+    }
+    return allowed;
   }
 
   #startSlots(): void {
@@ -573,6 +602,7 @@ export class LocalValidator {
    */
   #produceSlot(): void {
     if (this.#haltedBy !== null) return; // its failed snapshot is being written again
+    if (this.#slotsAllowed(1) === 0) return; // a snapshot being written holds it
     this.#advanceSlot(1);
     this.#executedInSlot = 0;
     this.#scheduleSlice();
@@ -929,6 +959,7 @@ export class LocalValidator {
     const captureMs = performance.now() - startedMs;
     const batch = this.#unpublished;
     this.#unpublished = [];
+    this.#persistingBatch = batch;
     this.#stateDirty = false;
     const meta: SnapshotMeta = {
       version: 1,
@@ -965,6 +996,7 @@ export class LocalValidator {
         this.#log({ level: 'error', msg: 'validator snapshot failed', err: String(error) });
       } finally {
         this.#persisting = null;
+        this.#persistingBatch = [];
       }
       // Asked for meanwhile, or failed: again. Otherwise what executes from now on waits for its
       // slot's end, not for this write.
