@@ -11,7 +11,7 @@ import {
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
 import { startRpcServer } from './http.ts';
-import { LOCK_FILE, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
+import { LOCK_FILE, LOCK_HEARTBEAT_MS, LOCK_STALE_MS, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
 import {
   confirmed, createAtaIdempotent, memoInstruction, signedTransaction, transferSol, transferToken, writeMemoProgram, type TestRpc,
 } from './testing.ts';
@@ -164,6 +164,42 @@ describe('local validator persistence', () => {
       await assert.rejects(LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null }), /in use by pid/, 'held now: refused');
     } finally {
       await samePid.close();
+    }
+  });
+
+  // Guarantee: the same across containers or hosts sharing the data dir, where a pid means nothing.
+  it('refuses a lock of another container while its holder touches it, and takes it over once it stops', async () => {
+    const dataDir = join(root, 'lock-elsewhere');
+    const clock = new ManualClock(START_MS);
+    mkdirSync(dataDir, { recursive: true });
+    const path = join(dataDir, LOCK_FILE);
+    const touch = (at: Date) => utimesSync(path, at, at);
+    // Held in another pid namespace by a process whose pid is unused here, then by one with this
+    // process's pid: neither pid tells anything here, and both are refused while touched.
+    const dead = spawnSync(process.execPath, ['-e', '']).pid;
+    for (const pid of [dead, process.pid]) {
+      writeFileSync(path, `${pid}\nanother-boot:4026531999\n`);
+      // Its holder, touching it from a process of its own (opening the lock blocks this thread).
+      const holder = spawn(process.execPath, ['-e',
+        `setInterval(() => require('node:fs').utimesSync(${JSON.stringify(path)}, new Date(), new Date()), 100)`]);
+      try {
+        await assert.rejects(LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null }),
+          new RegExp(`in use by pid ${pid} of another host or container`));
+      } finally {
+        holder.kill('SIGKILL');
+      }
+    }
+    // Untouched for longer than a holder would leave it: its holder is gone.
+    touch(new Date(Date.now() - LOCK_STALE_MS - 1_000));
+    const taker = await LocalValidator.open({ dataDir, slotMs: 20, clock, programSoPath: null });
+    try {
+      assert.match(readFileSync(path, 'utf8'), new RegExp(`^${process.pid}\n.+\n$`), 'the lock names its holder and its namespace');
+      // The holder touches its own lock, so that another container can tell it lives.
+      touch(new Date(Date.now() - 60_000));
+      await new Promise((resolve) => setTimeout(resolve, LOCK_HEARTBEAT_MS + 500));
+      assert.ok(Date.now() - statSync(path).mtimeMs < LOCK_HEARTBEAT_MS + 500, 'touched by its holder');
+    } finally {
+      await taker.close();
     }
   });
 

@@ -10,7 +10,7 @@
  * PostgreSQL's write load here, 3.5 ms against 6.9 ms at the median, 10 against 24 at p99 for
  * 1.5 MB (docs/benchmarks.md, fourteenth round). A file grows with slack, so that it rarely grows.
  */
-import { closeSync, openSync, readFileSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, openSync, readFileSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
 import { open, rename, rm, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
@@ -31,10 +31,58 @@ const GROWTH_SLACK = 1.25;
 const META_BYTES_MAX = 64 * 1024;
 
 export class ValidatorLockedError extends Error {
-  constructor(readonly dataDir: string, readonly pid: number, what = 'validator state') {
-    super(`${what} at ${dataDir} is in use by pid ${pid}`);
+  constructor(readonly dataDir: string, readonly pid: number, what = 'validator state', elsewhere = false) {
+    super(`${what} at ${dataDir} is in use by pid ${pid}${elsewhere ? ' of another host or container (its lock is still being refreshed)' : ''}`);
     this.name = 'ValidatorLockedError';
   }
+}
+
+/** The holder of a lock touches it this often, so that a process that cannot see it can tell it lives. */
+export const LOCK_HEARTBEAT_MS = 2_000;
+/** A lock of another host or container not touched for this long is stale: its holder is gone. */
+export const LOCK_STALE_MS = 15_000;
+/** How often a lock of another host or container is looked at again while it may still be held. */
+const LOCK_RECHECK_MS = 250;
+
+/**
+ * The kernel boot and pid namespace this process runs in: a pid means something only within
+ * them. Two containers (or hosts) sharing a data directory each have a pid 1; a lock written in
+ * another one is judged by its heartbeat, not by its pid. Empty where /proc has neither.
+ */
+const PID_NAMESPACE = (() => {
+  try {
+    return `${readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim()}:${statSync('/proc/self/ns/pid').ino}`;
+  } catch {
+    return '';
+  }
+})();
+
+function sleepSync(ms: number): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
+}
+
+function mtimeMsOf(path: string): number | null {
+  try {
+    return statSync(path).mtimeMs;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Whether a lock written in another pid namespace is held: it is while its holder touches it.
+ * Waits (at most LOCK_STALE_MS) for a touch when the last one is recent.
+ */
+function heldElsewhere(path: string): boolean {
+  const seen = mtimeMsOf(path);
+  if (seen === null) return false;
+  while (Date.now() - seen < LOCK_STALE_MS) {
+    sleepSync(LOCK_RECHECK_MS);
+    const now = mtimeMsOf(path);
+    if (now === null) return false;
+    if (now !== seen) return true;
+  }
+  return false;
 }
 
 /**
@@ -69,7 +117,10 @@ function processIsAlive(pid: number): boolean {
  * by a dead process is taken over. Returns the function that releases it.
  *
  * The same process opening the directory twice is refused too: two LiteSVM instances would
- * overwrite each other's snapshot.
+ * overwrite each other's snapshot. The lock names its holder's pid and pid namespace, and the
+ * holder touches it every LOCK_HEARTBEAT_MS: a lock from another namespace (another container
+ * or host on a shared volume) is held while it is touched, and stale once it has not been for
+ * LOCK_STALE_MS (a container restarted after a crash waits that long for its own old lock).
  */
 export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validator state' } = {}): () => void {
   const path = join(dataDir, file);
@@ -80,18 +131,25 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
       let owner = NaN;
+      let namespace = '';
       try {
-        owner = Number.parseInt(readFileSync(path, 'utf8').trim(), 10);
+        const [pidLine = '', namespaceLine = ''] = readFileSync(path, 'utf8').split('\n');
+        owner = Number.parseInt(pidLine.trim(), 10);
+        namespace = namespaceLine.trim();
       } catch (readError) {
         if ((readError as NodeJS.ErrnoException).code === 'ENOENT') continue;
         throw readError;
       }
+      // Another namespace's pid cannot be looked up here: its lock lives while it is touched.
+      // (A lock of an earlier version names no namespace: judged by its pid, as then.)
+      const elsewhere = namespace !== '' && namespace !== PID_NAMESPACE;
       // An empty or unreadable pid is a lock whose writer died between create and write.
       // A lock naming this process's pid written before it started was left by an earlier run
       // that had the same pid (pid 1 in a container, restarted after a kill): stale. Written
       // since, it is this process's own (another thread's: the validator's, say).
-      const held = owner === process.pid ? writtenByThisProcess(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
-      if (held) throw new ValidatorLockedError(dataDir, owner, what);
+      const held = elsewhere ? heldElsewhere(path)
+        : owner === process.pid ? writtenByThisProcess(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
+      if (held) throw new ValidatorLockedError(dataDir, owner, what, elsewhere);
       try {
         unlinkSync(path);
       } catch (unlinkError) {
@@ -99,14 +157,31 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
       }
       continue;
     }
-    writeSync(fd, `${process.pid}\n`);
+    const content = `${process.pid}\n${PID_NAMESPACE}\n`;
+    writeSync(fd, content);
     closeSync(fd);
+    const ours = () => {
+      try {
+        return readFileSync(path, 'utf8') === content;
+      } catch {
+        return false;
+      }
+    };
+    const heartbeat = setInterval(() => {
+      try {
+        if (ours()) utimesSync(path, new Date(), new Date());
+      } catch {
+        // Gone meanwhile: nothing to touch.
+      }
+    }, LOCK_HEARTBEAT_MS);
+    heartbeat.unref();
     let released = false;
     return () => {
       if (released) return;
       released = true;
+      clearInterval(heartbeat);
       try {
-        if (Number.parseInt(readFileSync(path, 'utf8').trim(), 10) === process.pid) unlinkSync(path);
+        if (ours()) unlinkSync(path);
       } catch {
         // Already gone: nothing to release.
       }
