@@ -144,6 +144,13 @@ describe('escrow', () => {
     assert.equal(escrow.proof_type, null);
     assert.equal(await balanceOf(t, to.wallet_id), '1.00', 'nothing reached the receiver');
     assert.equal(await chainBalance(created.chain_address), 4_000_000n, 'the escrow account still holds it');
+    // Told after escrow.completed, so that a party does not wait for a release that will not come.
+    const feed = (await t.request('GET', `/v1/events?walletId=${from.wallet_id}&type=escrow.completed,escrow.release_failed`)).body.data;
+    assert.deepEqual(feed.map((e: { type: string }) => e.type), ['escrow.release_failed', 'escrow.completed'], JSON.stringify(feed));
+    const [failed] = feed;
+    assert.equal(failed.severity, 'warning');
+    assert.deepEqual([failed.details.escrow_id, failed.details.status, failed.details.amount], [created.escrow_id, 'locked', '4.00']);
+    assert.ok(typeof failed.details.reason === 'string' && failed.details.reason.length > 0, 'the chain\'s reason');
   });
 
   test('a vault that is a party to an open escrow cannot be archived: its refund or release would be stranded', async () => {

@@ -758,6 +758,16 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
          settled_at = CASE WHEN $2 = 'failed' THEN $3 ELSE settled_at END,
          refund_failures = $4, refund_retry_at = $5 WHERE id = $1`,
       [escrow.id, status, now, refundFailures, refundRetryAt]);
+    // Told, so that a party waiting for `escrow.released` after `escrow.completed` does not wait
+    // for ever: the escrow can be completed again before its expiry, or is refunded at it.
+    if (escrow.closing === 'release') {
+      await recordEscrowEvent(tx, nowMs, escrow, 'escrow.release_failed',
+        `Escrow ${escrow.id}: its release was refused on chain (${row.failure_reason ?? 'unknown'}); it is locked again`, {
+          escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
+          tx_signature: row.tx_signature, reason: row.failure_reason, status: 'locked', expires_at: escrow.expires_at.toISOString(),
+          timestamp: new Date(nowMs).toISOString(),
+        });
+    }
   }
   return escrow;
 }
