@@ -109,6 +109,25 @@ describe('escrow', () => {
     const released = events[2]!.payload;
     assert.deepEqual(Object.keys(released).sort(), ['amount', 'escrow_id', 'from_wallet', 'timestamp', 'to_wallet', 'tx_signature']);
     assert.equal(released.amount, '4.00');
+    // Both vaults of the organisation see the escrow in their feed: the one event of each move.
+    const feedOf = async (walletId: string, limit: number) => {
+      const seen: string[] = [];
+      let cursor: string | null = null;
+      do {
+        const page: { body: { data: Array<{ type: string }>; next_cursor: string | null } } = await t.request('GET',
+          `/v1/events?walletId=${walletId}&limit=${limit}${cursor ? `&cursor=${cursor}` : ''}`);
+        seen.push(...page.body.data.map((e) => e.type));
+        cursor = page.body.next_cursor;
+      } while (cursor);
+      return seen;
+    };
+    const escrowEvents = ['escrow.released', 'escrow.completed', 'escrow.created'];
+    for (const wallet of [from, to]) {
+      for (const limit of [1, 100]) {
+        assert.deepEqual((await feedOf(wallet.wallet_id, limit)).filter((type) => type.startsWith('escrow.')), escrowEvents,
+          `${wallet === from ? 'paying' : 'receiving'} vault's feed, pages of ${limit}`);
+      }
+    }
     const again = await t.request('POST', `/v1/payments/a2a/${created.body.escrow_id}/complete`, {
       body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
     });

@@ -18,7 +18,7 @@ import { address, type Address, type Signature } from '@solana/kit';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, retryShortly } from '../errors/errors.ts';
-import { recordEvent, type EventType } from '../events/events.ts';
+import { recordEvent, recordEvents, type EventType } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
@@ -784,16 +784,21 @@ export function refundRetryDelayMs(failures: number): number {
 
 /**
  * An escrow event, written to both organisations when the receiver is a vault of another one
- * (each with its own vault as the event's wallet).
+ * (each with its own vault as the event's wallet); within one organisation, once, under the
+ * paying vault and naming the receiving one, whose feed shows it too.
  */
 async function recordEscrowEvent(
   tx: Queryable, nowMs: number, escrow: EscrowRow, type: EventType, summary: string, payload: Record<string, unknown>,
 ): Promise<void> {
-  for (const orgId of new Set([escrow.org_id, escrow.receiver_org_id ?? escrow.org_id])) {
-    await recordEvent(tx, nowMs, {
-      orgId, type, walletId: orgId === escrow.org_id ? escrow.from_wallet_id : escrow.to_wallet_id, summary, payload,
-    });
+  const receiverOrg = escrow.receiver_org_id ?? escrow.org_id;
+  if (receiverOrg === escrow.org_id) {
+    await recordEvent(tx, nowMs, { orgId: escrow.org_id, type, walletId: escrow.from_wallet_id, relatedWalletId: escrow.to_wallet_id, summary, payload });
+    return;
   }
+  await recordEvents(tx, nowMs, [
+    { orgId: escrow.org_id, type, walletId: escrow.from_wallet_id, summary, payload },
+    { orgId: receiverOrg, type, walletId: escrow.to_wallet_id, summary, payload },
+  ]);
 }
 
 async function writeClosingEvents(tx: Queryable, nowMs: number, escrow: EscrowRow, status: EscrowStatus, signature: string): Promise<void> {

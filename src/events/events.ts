@@ -52,6 +52,8 @@ export interface NewEvent {
   orgId: string;
   type: EventType;
   walletId?: string | null;
+  /** another vault of the same organisation it concerns (an escrow's receiving vault): its feed shows it too */
+  relatedWalletId?: string | null;
   summary: string;
   /** snake_case fields delivered with the event (`event`, `id` and `timestamp` are added) */
   payload: Record<string, unknown>;
@@ -81,10 +83,11 @@ export function recordEventsSql(params: Params, nowMs: number, events: readonly 
   const createdAt = new Date(nowMs);
   const records = events.map((event) => ({ id: newId('evt', nowMs), type: event.type, createdAt }));
   const column = (type: string, pick: (e: NewEvent) => unknown) => params.array(type, events.map(pick));
-  const sql = `INSERT INTO events (id, org_id, type, wallet_id, severity, summary, payload, created_at)
+  const sql = `INSERT INTO events (id, org_id, type, wallet_id, related_wallet_id, severity, summary, payload, created_at)
      SELECT r.*, ${params.add(createdAt)}::timestamptz FROM unnest(${params.array('text', records.map((r) => r.id))},
        ${column('text', (e) => e.orgId)}, ${column('text', (e) => e.type)}, ${column('text', (e) => e.walletId ?? null)},
+       ${column('text', (e) => (e.relatedWalletId && e.relatedWalletId !== e.walletId ? e.relatedWalletId : null))},
        ${column('text', (e) => severityOf(e.type, e.payload))}, ${column('text', (e) => e.summary)},
-       ${column('jsonb', (e) => JSON.stringify(e.payload))}) AS r(id, org_id, type, wallet_id, severity, summary, payload)`;
+       ${column('jsonb', (e) => JSON.stringify(e.payload))}) AS r(id, org_id, type, wallet_id, related_wallet_id, severity, summary, payload)`;
   return { sql, records };
 }

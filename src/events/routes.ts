@@ -81,15 +81,22 @@ export function eventRoutes(app: App, ctx: AppContext): void {
       }
       where.where((p) => `type = ANY(${p}::text[])`, types as EventType[]);
     }
-    if (query.walletId !== undefined) {
-      // A vault not in the organisation is 404, as for the transactions: not an empty feed.
-      await getWallet(ctx.db, orgId, query.walletId);
-      where.where((p) => `wallet_id = ${p}`, query.walletId);
-    }
     if (query.severity !== undefined) where.where((p) => `severity = ${p}`, query.severity);
-    const { sql, params } = where.page(page);
+    const columns = 'id, type, wallet_id, severity, summary, payload, created_at';
+    if (query.walletId === undefined) {
+      const { sql, params } = where.page(page);
+      return toPage(await ctx.db.query<EventRow>(`SELECT ${columns} FROM events ${sql}`, params), page, eventView);
+    }
+    // A vault not in the organisation is 404, as for the transactions: not an empty feed.
+    await getWallet(ctx.db, orgId, query.walletId);
+    // Its events, and those of another of its organisation's vaults that name it (an escrow
+    // between the two): two pages, each read in its index's order, merged. Both filters hold the
+    // same parameters in the same order; related_wallet_id never equals wallet_id.
+    const own = where.copy().where((p) => `wallet_id = ${p}`, query.walletId).page(page);
+    const related = where.where((p) => `related_wallet_id = ${p}`, query.walletId).page(page);
     const rows = await ctx.db.query<EventRow>(
-      `SELECT id, type, wallet_id, severity, summary, payload, created_at FROM events ${sql}`, params);
+      `SELECT * FROM ((SELECT ${columns} FROM events ${own.sql}) UNION ALL (SELECT ${columns} FROM events ${related.sql})) AS e
+       ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, own.params);
     return toPage(rows, page, eventView);
   });
 }

@@ -73,7 +73,7 @@ export function encodeCursor(row: { created_at: Date; id: string }): string {
 export class PageFilter {
   readonly #params: unknown[] = [];
   readonly #conditions: string[] = [];
-  readonly #prefix: string;
+  #prefix: string;
 
   /** `table`: the alias the columns are qualified with, when the query joins. */
   constructor(table = '') {
@@ -85,6 +85,15 @@ export class PageFilter {
     this.#params.push(value);
     this.#conditions.push(sql(`$${this.#params.length}`));
     return this;
+  }
+
+  /** Another filter with the same conditions and parameters, to add to apart. */
+  copy(): PageFilter {
+    const copy = new PageFilter();
+    copy.#prefix = this.#prefix;
+    copy.#params.push(...this.#params);
+    copy.#conditions.push(...this.#conditions);
+    return copy;
   }
 
   /** A condition without a value. */
