@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { revokeApiKey } from './api-keys.ts';
 import { createKeyCommand, listKeysCommand, revokeKeyCommand } from './command.ts';
@@ -198,6 +199,31 @@ describe('API keys', () => {
         `SELECT id FROM api_keys WHERE org_id = $1 AND role = 'admin' AND revoked_at IS NULL`, [org.orgId]);
       assert.equal(rows.length, 1, 'one admin key remains active');
     }
+  });
+
+  // Guarantee: revocation is immediate for key management too: a request of a key revoked while
+  // it waited for the organisation's lock (behind the revocation) neither makes nor revokes a key.
+  test('a key revoked while its request waits makes no key and revokes none', async (context) => {
+    await withSecondConnection(t, context, async (db) => {
+      const org = await t.createOrganization('Revoked while waiting');
+      const defender = await onlyKeyId(org.adminKey);
+      const requests = [
+        (key: string) => t.request('POST', '/v1/api-keys', { key, body: { name: 'Backdoor', role: 'admin' } }),
+        (key: string) => t.request('DELETE', `/v1/api-keys/${defender}`, { key }),
+      ];
+      for (const request of requests) {
+        const leaked = await createKey({ name: 'Leaked admin', role: 'admin' }, org.adminKey);
+        // The revocation holds the organisation's lock and commits once the request waits behind it.
+        const revoking = await holdLocks(db, (tx) => tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [org.orgId]),
+          (tx) => tx.query('UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL', [leaked.api_key_id]));
+        const answer = await queuedRequest(db, revoking, () => request(leaked.key));
+        assert.equal(answer.status, 401, JSON.stringify(answer.body));
+        assert.equal(answer.body.error.code, 'authentication_failed');
+      }
+      const live = await t.service.ctx.db.query<{ id: string }>(
+        'SELECT id FROM api_keys WHERE org_id = $1 AND revoked_at IS NULL', [org.orgId]);
+      assert.deepEqual(live.map((row) => row.id), [defender], 'no key made, the defender\'s key not revoked');
+    });
   });
 
   test('bad input is refused with the field named, and creates nothing', async () => {

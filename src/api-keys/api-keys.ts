@@ -88,17 +88,31 @@ function assertNewKey(input: { name: string; role: string }): asserts input is {
 }
 
 /**
+ * The API key a request came with, read again once the organisation's lock is held: a key
+ * revoked while its request waited for that lock (behind the revocation) does nothing more with
+ * it — it makes no key and revokes none. Revocation is immediate for key management too.
+ */
+async function assertActingKeyLive(tx: Queryable, orgId: string, actingKeyId: string | undefined): Promise<void> {
+  if (actingKeyId === undefined) return;
+  const [live] = await tx.query('SELECT 1 FROM api_keys WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL', [orgId, actingKeyId]);
+  if (!live) throw new ServiceError('authentication_failed', 'This API key was revoked while the request waited.');
+}
+
+/**
  * Creates a key. `max`: the keys the organisation may have that are not revoked (the API's
  * AGENT_VAULT_API_KEYS_PER_ORG_MAX); the operator's CLI passes none, so that a key can always be
- * made for an organisation that lost its admin key.
+ * made for an organisation that lost its admin key. `actingKeyId`: the API key asking.
  */
 export async function createApiKey(
-  db: Database, nowMs: number, orgId: string, input: { name: string; role: string }, options: { max?: number } = {},
+  db: Database, nowMs: number, orgId: string, input: { name: string; role: string }, options: { max?: number; actingKeyId?: string } = {},
 ): Promise<{ row: ApiKeyRow; key: string }> {
   assertNewKey(input);
   const created = await db.transaction(async (tx) => {
-    if (options.max !== undefined) {
+    if (options.max !== undefined || options.actingKeyId !== undefined) {
       await lockOrganization(tx, orgId);
+      await assertActingKeyLive(tx, orgId, options.actingKeyId);
+    }
+    if (options.max !== undefined) {
       await assertBelowCount(tx, orgId, {
         noun: 'API keys not revoked', countSql: 'SELECT count(*)::int AS n FROM api_keys WHERE org_id = $1 AND revoked_at IS NULL',
         max: options.max, advice: 'revoke keys no longer used, or ask the operator (AGENT_VAULT_API_KEYS_PER_ORG_MAX).',
@@ -137,12 +151,15 @@ export async function listApiKeys(db: Queryable, orgId: string, page: PageReques
  * organisation's last active admin key is refused: without one, nobody could manage keys
  * through the API again.
  */
-export async function revokeApiKey(db: Database, nowMs: number, orgId: string, apiKeyId: string): Promise<ApiKeyRow> {
+export async function revokeApiKey(
+  db: Database, nowMs: number, orgId: string, apiKeyId: string, options: { actingKeyId?: string } = {},
+): Promise<ApiKeyRow> {
   const revoked = await db.transaction(async (tx) => {
     // One revocation at a time per organisation, so two admins revoking each other's keys
     // cannot both pass the last-admin check. NO KEY UPDATE leaves inserts referencing the
     // organisation (new keys, wallets) unblocked.
-    await tx.query('SELECT id FROM organizations WHERE id = $1 FOR NO KEY UPDATE', [orgId]);
+    await lockOrganization(tx, orgId);
+    await assertActingKeyLive(tx, orgId, options.actingKeyId);
     const key = await getApiKey(tx, orgId, apiKeyId);
     if (key.revoked_at) return key;
     if (key.role === 'admin') {

@@ -23,8 +23,9 @@ export function apiKeyRoutes(app: App, ctx: AppContext): void {
       response: { 200: CreatedApiKeyView },
     },
   }, async (request) => {
-    const { orgId } = principalOf(request);
-    return createdApiKeyView(await createApiKey(ctx.db, ctx.clock.nowMs(), orgId, request.body, { max: ctx.config.apiKeysPerOrgMax }));
+    const { orgId, keyId } = principalOf(request);
+    return createdApiKeyView(await createApiKey(ctx.db, ctx.clock.nowMs(), orgId, request.body,
+      { max: ctx.config.apiKeysPerOrgMax, actingKeyId: keyId }));
   });
 
   app.get('/v1/api-keys', {
@@ -50,7 +51,7 @@ export function apiKeyRoutes(app: App, ctx: AppContext): void {
       params: ApiKeyParams, response: { 200: ApiKeyView },
     },
   }, async (request) => {
-    const { orgId } = principalOf(request);
-    return apiKeyView(await revokeApiKey(ctx.db, ctx.clock.nowMs(), orgId, request.params.api_key_id));
+    const { orgId, keyId } = principalOf(request);
+    return apiKeyView(await revokeApiKey(ctx.db, ctx.clock.nowMs(), orgId, request.params.api_key_id, { actingKeyId: keyId }));
   });
 }
