@@ -191,8 +191,19 @@ describe('wallets', () => {
   });
 
   test('a freeze whose chain write is slow and an unfreeze meanwhile: the vault ends as the wallet says, one sync at a time', async () => {
+    // Also with both changes in one millisecond (two requests at once, or two processes whose
+    // clocks agree): they share an updated_at, which must not pass for "nothing changed".
+    for (const sameMillisecond of [false, true]) await freezeWhileUnfreezing(sameMillisecond);
+  });
+
+  async function freezeWhileUnfreezing(sameMillisecond: boolean): Promise<void> {
     const wallet = await createWallet(t);
-    const { chain, db } = t.service.ctx;
+    const { chain, db, clock } = t.service.ctx;
+    const { nowMs } = clock;
+    if (sameMillisecond) {
+      const pinned = clock.nowMs();
+      clock.nowMs = () => pinned;
+    }
     const execute = chain.execute;
     let letFreezeLand!: () => void;
     const freezeHeld = new Promise<void>((resolve) => { letFreezeLand = resolve; });
@@ -214,12 +225,13 @@ describe('wallets', () => {
       assert.equal((await freeze).status, 200);
     } finally {
       chain.execute = execute;
+      clock.nowMs = nowMs;
     }
     const [row] = await db.query<{ status: string; chain_status: string; sync_holder: string | null }>(
       'SELECT status, chain_status, sync_holder FROM wallets WHERE id = $1', [wallet.wallet_id]);
-    assert.deepEqual(row, { status: 'active', chain_status: 'ready', sync_holder: null });
+    assert.deepEqual(row, { status: 'active', chain_status: 'ready', sync_holder: null }, `same millisecond: ${sameMillisecond}`);
     assert.equal((await chain.getVault(address(wallet.chain_address)))!.frozen, false, 'the vault on chain is not frozen');
-  });
+  }
 
   test('a sync whose chain calls were slow holds the wallet for 90 s after its last send, not after its start', async () => {
     const wallet = await createWallet(t);

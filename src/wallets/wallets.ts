@@ -455,7 +455,9 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
             policy_id: current.policy_id },
         });
       }
-      if (!sent.agrees || current.updated_at.getTime() !== wallet.updated_at.getTime()) return current;
+      // What the pass sent is what the row asks now: its status and policy, compared as values
+      // (two changes in one millisecond share an updated_at, so that is no version).
+      if (!sent.agrees || current.status !== wallet.status || current.policy_id !== wallet.policy_id) return current;
       await tx.query(`UPDATE wallets SET chain_status = 'ready' WHERE id = $1`, [walletId]);
       await release(tx, null);
       return 'done';
