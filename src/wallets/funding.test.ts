@@ -195,7 +195,10 @@ describe('funding and withdrawal', () => {
       body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: 'wal_missing', amount: '1' }] },
     });
     assert.equal(oneMissing.body.error.code, 'wallet_not_found');
+    // Refused before its idempotency key is taken: the corrected batch below uses the same key.
+    const batchKey = `batch-${Date.now()}`;
     const duplicate = await t.request('POST', '/v1/wallets/fund-batch', {
+      headers: { 'idempotency-key': batchKey },
       body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: wallets[0]!.wallet_id, amount: '1' }] },
     });
     assert.equal(duplicate.body.error.code, 'invalid_request');
@@ -212,6 +215,7 @@ describe('funding and withdrawal', () => {
     for (const wallet of wallets) assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00');
 
     const batch = await t.request('POST', '/v1/wallets/fund-batch', {
+      headers: { 'idempotency-key': batchKey },
       body: { allocations: wallets.map((w, i) => ({ walletId: w.wallet_id, amount: `${i + 1}.5` })) },
     });
     assert.equal(batch.status, 200, JSON.stringify(batch.body));

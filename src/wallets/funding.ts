@@ -84,9 +84,8 @@ export interface Allocation {
  * `pending`, for a caller that must not wait for the chain (the automation job, which funds
  * vault after vault): a read, that job's next run or the reconciler settles it.
  */
-export async function fundWallets(
-  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker, options: { memo?: string; wait?: boolean } = {},
-): Promise<MoveResult> {
+/** Refuses allocations naming a wallet twice. The route asks before the idempotency key is taken. */
+export function assertDistinctWallets(allocations: readonly Allocation[]): void {
   const seen = new Set<string>();
   for (const allocation of allocations) {
     if (seen.has(allocation.walletId)) {
@@ -94,6 +93,12 @@ export async function fundWallets(
     }
     seen.add(allocation.walletId);
   }
+}
+
+export async function fundWallets(
+  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker, options: { memo?: string; wait?: boolean } = {},
+): Promise<MoveResult> {
+  assertDistinctWallets(allocations);
   const wallets = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = ANY($2)',
     [orgId, allocations.map((a) => a.walletId)]);
   const byId = new Map(wallets.map((w) => [w.id, w]));

@@ -14,7 +14,7 @@ import { formatUsdc, parseUsdc } from '../money/money.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
 import { spendingOf } from '../payments/budgets.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
-import { FUND_BATCH_MAX, fundWallets, recordedMove, withdrawFromWallet, type MoveResult } from './funding.ts';
+import { FUND_BATCH_MAX, assertDistinctWallets, fundWallets, recordedMove, withdrawFromWallet, type MoveResult } from './funding.ts';
 import {
   SESSION_TTL_SECONDS_DEFAULT, SESSION_TTL_SECONDS_MAX, SESSION_TTL_SECONDS_MIN,
 } from './session-token.ts';
@@ -304,6 +304,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
   }, async (request, reply) => {
     const { orgId } = principalOf(request);
     const allocations = request.body.allocations.map((a, i) => ({ walletId: a.walletId, amount: amountOf(a.amount, `allocations.${i}.amount`) }));
+    // Malformed, so refused before the key is taken: the corrected batch may use the same key.
+    assertDistinctWallets(allocations);
     const answer = async (moved: MoveResult) => {
       assertNotFailed(moved, 'org_insufficient_balance');
       const balances = await ctx.db.query<{ id: string; balance: bigint }>(
