@@ -210,16 +210,18 @@ function localServiceUrl(config: Config): string {
 
 /**
  * keys and org are run by operators, often in scripts: any failure (a refused key, a locked
- * data dir, an unreachable database) is one line on stderr and exit status 2, never a stack.
+ * data dir, an unreachable database) is one line on stderr and exit status 2, never a stack;
+ * but a failure that holds a key shown once (`printWhole`) is printed whole.
  */
-function operatorCommand(run: Command): Command {
+export function operatorCommand(run: Command): Command {
   return async (args) => {
     try {
       return await run(args);
     } catch (error) {
       if (error instanceof UsageError) throw error;
       const message = error instanceof Error ? error.message : String(error);
-      throw new UsageError(message.split('\n')[0] || 'failed');
+      const whole = (error as { printWhole?: boolean } | null)?.printWhole === true;
+      throw new UsageError((whole ? message.trimEnd() : message.split('\n')[0]) || 'failed');
     }
   };
 }

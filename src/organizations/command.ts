@@ -16,6 +16,11 @@ import {
 /** Operators want the whole table at once; a page of the API's maximum is that, with a cursor beyond. */
 export const COMMAND_PAGE_LIMIT = '100';
 
+/** A failure whose whole message is for the operator: it holds a key shown once (the CLI prints it all). */
+export class KeyShownError extends Error {
+  readonly printWhole = true;
+}
+
 export async function createOrganizationCommand(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, options: { name: string },
 ): Promise<string> {
@@ -28,7 +33,7 @@ export async function createOrganizationCommand(
     if (shown === null) throw error;
     // Stored, but not yet on chain: its key is shown now or never; `serve` finishes the setup at its next start.
     const { orgId, key } = shown as { orgId: string; key: string };
-    throw new Error([
+    throw new KeyShownError([
       `Organisation ${orgId} was created, but its setup on chain failed (${(error as Error).message}); the next start of serve finishes it.`,
       'Its admin API key (shown once, store it now):', '', `  ${key}`, '',
     ].join('\n'));

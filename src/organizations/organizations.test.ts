@@ -17,6 +17,7 @@ import type { ChainClient } from '../chain/client.ts';
 import { loadConfig } from '../config/config.ts';
 import { quoteIdentifier } from '../db/database.ts';
 import { buildService, type Service } from '../server.ts';
+import { operatorCommand } from '../cli.ts';
 import { createOrganizationCommand } from './command.ts';
 import { bootstrapOrganizations, createOrganization } from './organizations.ts';
 
@@ -49,6 +50,10 @@ describe('creating an organisation', () => {
     assert.ok(error);
     const key = /Its admin API key \(shown once, store it now\):\s+(\S+)/.exec(error.message)?.[1];
     assert.ok(key, error.message);
+    // As the CLI prints it: whole, where any other failure is cut to its first line.
+    await assert.rejects(operatorCommand(async () => { throw error; })([]), (printed: Error) => printed.message.includes(key));
+    await assert.rejects(operatorCommand(async () => { throw new Error('first line\nsecond line'); })([]),
+      (printed: Error) => printed.message === 'first line');
     await bootstrapOrganizations(t.service.ctx, null);
     assert.equal((await t.request('GET', '/v1/organization', { key })).status, 200);
   });
