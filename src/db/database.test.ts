@@ -120,3 +120,16 @@ test('two processes migrating an empty database together both succeed, each migr
     }
   }
 });
+
+test('a migration runs without the pool\'s statement timeout: a long index build is not cut at 30 s', { skip: !databaseUrl && 'needs DATABASE_URL (PGlite has no statement timeout)' }, async () => {
+  const fresh = `t_${randomBytes(6).toString('hex')}`;
+  const other = await openDatabase({ databaseUrl, dataDir: null, schema: fresh });
+  try {
+    assert.equal((await other.query<{ t: string }>(`SELECT current_setting('statement_timeout') AS t`))[0]!.t, '30s', 'the pool\'s');
+    await migrate(other, [{ version: 1, name: 'seen', sql: `CREATE TABLE seen AS SELECT current_setting('statement_timeout') AS t` }]);
+    assert.deepEqual(await other.query('SELECT t FROM seen'), [{ t: '0' }]);
+  } finally {
+    await other.query(`DROP SCHEMA ${quoteIdentifier(fresh)} CASCADE`);
+    await other.close();
+  }
+});

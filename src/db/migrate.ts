@@ -6,7 +6,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import type { Database } from './database.ts';
+import type { Database, Queryable } from './database.ts';
 
 const MIGRATIONS_DIR = join(dirname(fileURLToPath(import.meta.url)), 'migrations');
 /** An arbitrary constant naming "agent-vault migrations" for pg_advisory_xact_lock. */
@@ -25,11 +25,21 @@ export function listMigrations(dir = MIGRATIONS_DIR): Migration[] {
     .map((file) => ({ version: Number(file.slice(0, 4)), name: file.slice(5, -4), sql: readFileSync(join(dir, file), 'utf8') }));
 }
 
+/**
+ * A migration (an index built over a large table) and the wait of a process starting beside the
+ * one running it may take longer than the pool's statement timeout (30 s): neither is cut.
+ */
+async function untimed(tx: Queryable): Promise<void> {
+  await tx.query('SET LOCAL statement_timeout = 0');
+  await tx.query('SET LOCAL lock_timeout = 0');
+}
+
 /** Applies what is missing; returns the versions applied now. */
 export async function migrate(db: Database, migrations = listMigrations()): Promise<number[]> {
   // Under the lock too: CREATE TABLE IF NOT EXISTS is not safe against another process creating
   // the same table at the same moment (two processes starting together on an empty database).
   await db.transaction(async (tx) => {
+    await untimed(tx);
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
     await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
       version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`);
@@ -37,6 +47,7 @@ export async function migrate(db: Database, migrations = listMigrations()): Prom
   const applied: number[] = [];
   for (const migration of migrations) {
     const done = await db.transaction(async (tx) => {
+      await untimed(tx);
       await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
       const existing = await tx.query('SELECT 1 FROM schema_migrations WHERE version = $1', [migration.version]);
       if (existing.length) return false;
