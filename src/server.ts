@@ -38,6 +38,31 @@ export interface BuildServiceOptions {
   inMemoryDatabase?: boolean;
   /** told the default organisation's generated admin key on the first start, as soon as it is stored */
   onAdminKey?: (orgId: string, adminKey: string) => void;
+  /** how long close() lets requests in flight finish before it cuts their connections */
+  httpCloseWaitMs?: number;
+}
+
+/**
+ * Requests in flight when the service closes (a payment waiting for its slot, an export being
+ * downloaded) get this long to finish; then their connections are cut, so that a stalled client
+ * cannot hold the shutdown — and with it the validator's last snapshot and the database's close.
+ */
+export const HTTP_CLOSE_WAIT_MS = 10_000;
+
+/** Closes the listener, letting requests in flight finish for `waitMs` at most. */
+async function closeHttp(app: App, waitMs: number): Promise<void> {
+  const closed = app.close();
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<boolean>((resolve) => { timer = setTimeout(() => resolve(true), waitMs); });
+  try {
+    if (await Promise.race([closed.then(() => false), late])) {
+      app.log.warn({ waitedMs: waitMs }, 'requests still in flight at shutdown: their connections are cut');
+      app.server.closeAllConnections();
+      await closed;
+    }
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 export async function buildService(config: Config, options: BuildServiceOptions = {}): Promise<Service> {
@@ -83,7 +108,7 @@ export async function buildService(config: Config, options: BuildServiceOptions 
             failures.push(error);
           }
         };
-        await step(() => app.close());
+        await step(() => closeHttp(app, options.httpCloseWaitMs ?? HTTP_CLOSE_WAIT_MS));
         await step(() => jobs.stop());
         await step(() => ctx.webhookSender.close());
         await step(() => openedChain.close());
@@ -118,7 +143,10 @@ export async function serve(config: Config, { workers = true, http = true } = {}
   // say) is a graceful shutdown too, not the default's immediate end.
   let closing = false;
   const shutdown = async (signal: string) => {
-    if (closing) return;
+    if (closing) {
+      logger.info({ signal }, 'already shutting down');
+      return;
+    }
     closing = true;
     logger.info({ signal }, 'shutting down');
     let code = 0;
@@ -133,8 +161,10 @@ export async function serve(config: Config, { workers = true, http = true } = {}
       process.exit(code);
     }
   };
-  process.once('SIGTERM', () => void shutdown('SIGTERM'));
-  process.once('SIGINT', () => void shutdown('SIGINT'));
+  // `on`, not `once`: a second signal (Ctrl-C twice, npm forwarding the terminal's SIGINT, a
+  // supervisor's SIGTERM after a kill) must not fall back on the default's immediate end.
+  process.on('SIGTERM', () => void shutdown('SIGTERM'));
+  process.on('SIGINT', () => void shutdown('SIGINT'));
   if (http) {
     try {
       await service.app.listen({ port: config.port, host: config.host });

@@ -64,8 +64,9 @@ export async function runValidatorCommand(options: ValidatorCommandOptions): Pro
         process.exit(1);
       });
     };
-    process.once('SIGINT', onSignal);
-    process.once('SIGTERM', onSignal);
+    // `on`: a second signal waits for the same close (`closing`), not the default's immediate end.
+    process.on('SIGINT', onSignal);
+    process.on('SIGTERM', onSignal);
   }
   return { validator, rpc, close };
 }

@@ -6,10 +6,13 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer, type AddressInfo } from 'node:net';
+import { connect, createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
+import pino from 'pino';
+import { loadConfig } from '../../src/config/config.ts';
+import { buildService } from '../../src/server.ts';
 
 const ROOT = join(import.meta.dirname, '..', '..');
 const START_TIMEOUT_MS = 60_000;
@@ -42,11 +45,12 @@ function startServe(dataDir: string, args = ['serve'], ready = /Server listening
   });
 }
 
-function stop(running: Running): Promise<number | null> {
+/** SIGTERM, `times` times 50 ms apart (a second Ctrl-C, a supervisor's after a kill); its exit code. */
+function stop(running: Running, times = 1): Promise<number | null> {
   return new Promise((resolve) => {
     running.child.removeAllListeners('exit');
     running.child.once('exit', (code) => resolve(code));
-    running.child.kill('SIGTERM');
+    for (let i = 0; i < times; i += 1) setTimeout(() => running.child.kill('SIGTERM'), i * 50);
   });
 }
 
@@ -71,7 +75,8 @@ describe('agent-vault serve', () => {
       (error: Error) => error.message);
     assert.match(second, /in use by pid/);
 
-    assert.equal(await stop(first), 0, 'SIGTERM stops it gracefully');
+    assert.equal(await stop(first, 2), 0, 'SIGTERM stops it gracefully, a second one too');
+    assert.match(first.output(), /"msg":"stopped"/, 'the graceful path ran to its end');
 
     const restarted = await startServe(dataDir);
     try {
@@ -82,6 +87,30 @@ describe('agent-vault serve', () => {
       assert.equal(body.reserve.usdc_balance, '42.00', 'the deposit survived the restart');
     } finally {
       assert.equal(await stop(restarted), 0);
+    }
+  });
+
+  test('a stalled request holds the shutdown no longer than its wait, then its connection is cut', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'av-stall-'));
+    const service = await buildService(loadConfig({ AGENT_VAULT_DATA_DIR: dir, AGENT_VAULT_SLOT_MS: '0', LOG_LEVEL: 'silent' }),
+      { workers: false, scheduleJobs: false, inMemoryDatabase: true, httpCloseWaitMs: 300, logger: pino({ level: 'silent' }) });
+    try {
+      await service.app.listen({ port: 0, host: '127.0.0.1' });
+      const { port } = service.app.server.address() as AddressInfo;
+      // A client that sends its headers and part of its body, then nothing.
+      const client = connect(port, '127.0.0.1');
+      await new Promise((resolve) => client.once('connect', resolve));
+      const cut = new Promise((resolve) => client.once('close', resolve));
+      client.resume(); // what it is answered is read, so that its end is seen
+      client.write('POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"to":');
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const started = performance.now();
+      const closed = await Promise.race([service.close().then(() => 'closed'), new Promise((resolve) => setTimeout(() => resolve('hung'), 10_000))]);
+      assert.equal(closed, 'closed', 'the shutdown ended');
+      assert.ok(performance.now() - started < 5_000, 'within its wait, not the client\'s');
+      await cut;
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 
