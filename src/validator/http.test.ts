@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { request as httpRequest } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { createSolanaRpc, generateKeyPairSigner, lamports } from '@solana/kit';
 import { encodeBase58 } from '../chain/base58.ts';
@@ -27,9 +28,10 @@ describe('local validator slots over HTTP', () => {
   let validator: LocalValidator;
   let server: RpcServer;
   let rpc: TestRpc;
+  const clock = new ManualClock(1_750_000_000_000);
 
   before(async () => {
-    validator = await LocalValidator.open({ slotMs: 200, clock: new ManualClock(1_750_000_000_000), programSoPath: null });
+    validator = await LocalValidator.open({ slotMs: 200, clock, programSoPath: null });
     server = await startRpcServer(validator, { port: 0 });
     rpc = createSolanaRpc(server.url) as unknown as TestRpc;
   });
@@ -75,16 +77,42 @@ describe('local validator slots over HTTP', () => {
     const body = await response.json() as { id: number; result?: unknown; error?: { code: number } }[];
     assert.deepEqual(body.map((r) => [r.id, r.result ?? r.error?.code]), [[1, 'ok'], [2, -32601], [3, -32602]]);
 
-    const parse = await (await fetch(server.url, { method: 'POST', body: '{"jsonrpc":' })).json() as { error: { code: number } };
+    const json = { 'content-type': 'application/json' };
+    const parse = await (await fetch(server.url, { method: 'POST', headers: json, body: '{"jsonrpc":' })).json() as { error: { code: number } };
     assert.equal(parse.error.code, -32700);
 
-    const big = await fetch(server.url, { method: 'POST', body: 'x'.repeat(MAX_REQUEST_BODY_BYTES + 1) });
+    const big = await fetch(server.url, { method: 'POST', headers: json, body: 'x'.repeat(MAX_REQUEST_BODY_BYTES + 1) });
     assert.equal(big.status, 413);
+  });
+
+  // Guarantee: a web page the developer has open cannot call the cheatcodes (mint, set the clock).
+  it('answers JSON only, and on loopback only requests that name loopback', async () => {
+    const setTime = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'agentVault_setTime', params: [4_000_000_000_000] });
+    const before = clock.nowMs();
+    // What a page may send without a CORS preflight: text/plain, or a form.
+    for (const contentType of ['text/plain;charset=UTF-8', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
+      const refused = await fetch(server.url, { method: 'POST', headers: { 'content-type': contentType }, body: setTime });
+      assert.equal(refused.status, 415, contentType);
+    }
+    // A page's own name rebound to 127.0.0.1 (DNS rebinding): its Host is still its name.
+    const rebound = await new Promise<number>((resolve, reject) => {
+      const request = httpRequest(server.url, { method: 'POST', headers: { host: 'attacker.example:8899', 'content-type': 'application/json' } },
+        (response) => { response.resume(); resolve(response.statusCode!); });
+      request.on('error', reject);
+      request.end(setTime);
+    });
+    assert.equal(rebound, 403);
+    assert.equal(clock.nowMs(), before, 'the clock did not move');
+    const health = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'getHealth' });
+    for (const contentType of ['application/json', 'application/json; charset=utf-8', 'Application/JSON']) {
+      const answered = await fetch(server.url, { method: 'POST', headers: { 'content-type': contentType }, body: health });
+      assert.equal(answered.status, 200, contentType);
+    }
   });
 
   it('writes u64 values above 2^53 exactly', async () => {
     const response = await fetch(server.url, {
-      method: 'POST',
+      method: 'POST', headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'getBalance', params: [validator.authority] }),
     });
     const text = await response.text();

@@ -36,8 +36,26 @@ function errorBody(code: number, message: string): string {
   return JSON.stringify({ jsonrpc: '2.0', id: null, error: { code, message } });
 }
 
+function isJson(contentType: string | undefined): boolean {
+  return contentType?.split(';')[0]?.trim().toLowerCase() === 'application/json';
+}
+
+const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '::1', '[::1]']);
+
+function isLoopbackName(host: string): boolean {
+  return LOOPBACK_HOSTS.has(host.toLowerCase()) || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
+/** A Host header naming loopback (its port aside). */
+function isLoopbackHost(header: string | undefined): boolean {
+  if (!header) return false;
+  const name = header.startsWith('[') ? header.slice(0, header.indexOf(']') + 1) : header.replace(/:\d+$/, '');
+  return isLoopbackName(name);
+}
+
 export async function startRpcServer(validator: LocalValidator, options: RpcServerOptions): Promise<RpcServer> {
   const host = options.host ?? '127.0.0.1';
+  const loopback = isLoopbackName(host);
   const handler = createRpcHandler(validator, { log: options.log });
   const server = createServer({ requestTimeout: REQUEST_TIMEOUT_MS }, (request: IncomingMessage, response: ServerResponse) => {
     if (request.method === 'GET' && request.url === '/health') {
@@ -55,6 +73,21 @@ export async function startRpcServer(validator: LocalValidator, options: RpcServ
     if (request.method !== 'POST') {
       response.writeHead(405, { allow: 'POST' });
       response.end();
+      return;
+    }
+    // A web page may POST to any address its browser reaches, but only as a "simple" request
+    // (text/plain, a form) unless the server answers a CORS preflight, which this one never does:
+    // JSON alone, as Solana's own RPC requires, keeps pages from calling the cheatcodes (mint,
+    // set the clock). Bound to loopback, the Host must name loopback too: a page's own name
+    // rebound to 127.0.0.1 (DNS rebinding) is refused.
+    if (!isJson(request.headers['content-type'])) {
+      send(response, 415, errorBody(JSON_RPC_ERRORS.invalidRequest, 'Content-Type: application/json is required'));
+      request.resume();
+      return;
+    }
+    if (loopback && !isLoopbackHost(request.headers.host)) {
+      send(response, 403, errorBody(JSON_RPC_ERRORS.invalidRequest, 'this RPC listens on loopback: its Host must be localhost or a loopback address'));
+      request.resume();
       return;
     }
     const declared = Number(request.headers['content-length'] ?? 0);
