@@ -3,6 +3,7 @@
  */
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -32,6 +33,23 @@ test('the RPC URL is logged as its origin only: a provider\'s API key in its pat
   } finally {
     await rpc.close();
     await validator.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('an RPC URL nothing answers at is said so at start, not taken for a real cluster', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));
+  // A port just freed: nothing listens there.
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise((resolve) => server.close(resolve));
+  try {
+    const config = loadConfig({ AGENT_VAULT_DATA_DIR: join(dir, 'service'), AGENT_VAULT_RPC_URL: `http://127.0.0.1:${port}/?api-key=s3cret`, LOG_LEVEL: 'silent' });
+    await assert.rejects(connectChain(config, new OffsetClock(), { debug() {}, info() {}, warn() {}, error() {} } as unknown as ChainLogger),
+      (error: Error) => error.message.includes(`the chain at http://127.0.0.1:${port} (AGENT_VAULT_RPC_URL) did not answer`)
+        && /ECONNREFUSED/.test(error.message) && !error.message.includes('s3cret'));
+  } finally {
     rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -4,7 +4,7 @@
  * one code path either way.
  */
 import { join } from 'node:path';
-import { address, createSolanaRpc, createSolanaRpcFromTransport, lamports, type Rpc, type SolanaRpcApi } from '@solana/kit';
+import { address, createSolanaRpc, createSolanaRpcFromTransport, isSolanaError, lamports, type Rpc, type SolanaRpcApi } from '@solana/kit';
 import type { Logger } from 'pino';
 import { OffsetClock, type Clock } from '../clock/clock.ts';
 import type { Config } from '../config/config.ts';
@@ -83,8 +83,13 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
         localSlotMs = Number(info.slotMs);
         programId ??= info.programId;
         usdcMint ??= info.usdcMint;
-      } catch {
-        // A real cluster: it has no agentVault_* methods.
+      } catch (error) {
+        // A node that answered, with an error: a real cluster, which has no agentVault_* methods.
+        // No answer at all (refused, unreachable, timed out) is no cluster: said as such, rather
+        // than taken for one.
+        if (!isSolanaError(error)) {
+          throw new Error(`the chain at ${rpcForLogs(config.rpcUrl!)} (AGENT_VAULT_RPC_URL) did not answer: ${describeCause(error)}`);
+        }
       }
     }
     if (!programId || !usdcMint) {
@@ -121,4 +126,13 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     await closeValidator();
     throw error;
   }
+}
+
+/** An error and its cause, in one line (fetch's "fetch failed" says why only in its cause). */
+function describeCause(error: unknown): string {
+  const parts: string[] = [];
+  for (let cause = error; cause && parts.length < 3; cause = (cause as { cause?: unknown }).cause) {
+    parts.push(cause instanceof Error ? cause.message : String(cause));
+  }
+  return parts.join(': ');
 }
