@@ -4,7 +4,7 @@
  * state another validator holds, and closing it persists what it executed.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -15,6 +15,7 @@ import { balanceOf, fundedWallet, newRecipient } from '../../test/fixtures.ts';
 import { OffsetClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
 import { ValidatorThread } from './thread.ts';
+import { SNAPSHOT_FILES } from './state-file.ts';
 import { LocalValidator, type PublishedStatus } from './validator.ts';
 
 const DAY_S = 24 * 60 * 60;
@@ -151,6 +152,25 @@ describe('ValidatorThread', () => {
       } finally {
         await reopened.close();
       }
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  test('a close whose last snapshot fails says so and still ends the thread', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    try {
+      const thread = await ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell });
+      const transport = thread.transport();
+      await transport({ payload: { jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [await newRecipient(), '1'] } });
+      // Every snapshot file a directory: the final snapshot cannot be written (a failing disk).
+      for (const file of SNAPSHOT_FILES) {
+        rmSync(join(dataDir, file), { force: true });
+        mkdirSync(join(dataDir, file));
+      }
+      await assert.rejects(thread.close(), /closing the embedded validator/);
+      await assert.rejects(transport({ payload: { jsonrpc: '2.0', id: 2, method: 'getSlot', params: [] } }), /stopped/,
+        'the thread ended: nothing is left to keep the process alive');
     } finally {
       rmSync(dataDir, { recursive: true, force: true });
     }

@@ -107,16 +107,20 @@ export class ValidatorThread {
   /** Executes what is queued, persists and releases the state, and ends the thread. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      if (!this.#stopped) {
-        const closed = new Promise<string | undefined>((resolve) => {
-          this.#onClosed = resolve;
-          this.#worker.once('exit', () => resolve(undefined));
-        });
-        this.#worker.postMessage({ kind: 'close' } satisfies ThreadRequest);
-        const error = await closed;
-        if (error) throw new Error(`closing the embedded validator: ${error}`);
+      try {
+        if (!this.#stopped) {
+          const closed = new Promise<string | undefined>((resolve) => {
+            this.#onClosed = resolve;
+            this.#worker.once('exit', () => resolve(undefined));
+          });
+          this.#worker.postMessage({ kind: 'close' } satisfies ThreadRequest);
+          const error = await closed;
+          if (error) throw new Error(`closing the embedded validator: ${error}`);
+        }
+      } finally {
+        // Ended whatever the close said: a thread left running would keep the process alive.
+        await this.#worker.terminate();
       }
-      await this.#worker.terminate();
     })();
     return this.#closing;
   }
