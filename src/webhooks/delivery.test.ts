@@ -397,6 +397,31 @@ describe('webhook deliveries', () => {
     return { key: org.adminKey, webhookId: created.body.webhook_id as string };
   }
 
+  test('a retry is recorded delivered when its 2xx came back, not when the slowest retry beside it ended', async () => {
+    const org = await t.createOrganization('Retried together');
+    const webhookIds: string[] = [];
+    for (const path of ['/retry-fast', '/retry-slow']) {
+      const created = await t.request('POST', '/v1/webhooks', { key: org.adminKey, body: { url: receiver.url(path), events: ['policy.created'] } });
+      assert.equal(created.status, 200, JSON.stringify(created.body));
+      webhookIds.push(created.body.webhook_id as string);
+    }
+    try {
+      receiver.reply = () => ({ status: 500 });
+      await newPolicyEvent(org.adminKey, 'retried together');
+      await t.service.jobs.runOnce();
+      await advance(61);
+      // The second attempts go out in one batch: one answered at once, the other 800 ms later.
+      receiver.reply = (request) => ({ status: 200, delayMs: request.path === '/retry-slow' ? 800 : 0 });
+      await t.service.jobs.runOnce();
+      const [fast, slow] = await Promise.all(webhookIds.map(async (id) => (await deliveries(org.adminKey, id))[0]!));
+      assert.deepEqual([fast!.status, slow!.status], ['delivered', 'delivered']);
+      assert.ok(Date.parse(slow!.delivered_at!) - Date.parse(fast!.delivered_at!) >= 500,
+        `the fast one's own time: ${fast!.delivered_at} against ${slow!.delivered_at}`);
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+    }
+  });
+
   test('a url changed while a batch goes slowly to the old one: the batch\'s attempts not yet started go to the new url', async () => {
     const count = 70;
     const { key, webhookId } = await slowWebhook('/old-url', STREAM_START_WITHIN_MS + 1_000, count);
@@ -822,8 +847,9 @@ describe('webhook deliveries', () => {
       const holderPid = await isHeld;
       const deleted = deleteWebhook(deleting, org.orgId, webhookId);
       await queuedBehind(holding, holderPid, 1);
-      const recorded = recordSuccesses(t.service.ctx.db, t.service.ctx.clock.nowMs(), claims.map((claim) => ({
+      const recorded = recordSuccesses(t.service.ctx.db, claims.map((claim) => ({
         claim, result: { succeeded: true, statusCode: 200, latencyMs: 5, error: null, responseExcerpt: null },
+        finishedAt: new Date(t.service.ctx.clock.nowMs()),
       })));
       await queuedBehind(holding, holderPid, 2);
       release();

@@ -238,13 +238,14 @@ export async function recordAttempt(db: Database, nowMs: number, claim: ClaimedA
 
 /**
  * Records attempts that succeeded: each attempt gets its outcome, and each delivery still open
- * (pending or paused) becomes delivered — what `recordAttempt` does for one success. The
- * deliveries' rows are locked first, in id order, as `deleteWebhook` locks them before their
- * attempts: the statement alone would lock the attempts first (an unreferenced WITH step runs
- * last) and could deadlock with a webhook being deleted.
+ * (pending or paused) becomes delivered — what `recordAttempt` does for one success — at the
+ * time its 2xx came back (`finishedAt`), not when the batch is recorded. The deliveries' rows
+ * are locked first, in id order, as `deleteWebhook` locks them before their attempts: the
+ * statement alone would lock the attempts first (an unreferenced WITH step runs last) and could
+ * deadlock with a webhook being deleted.
  */
 export async function recordSuccesses(
-  db: Database, nowMs: number, done: ReadonlyArray<{ claim: ClaimedAttempt; result: AttemptResult }>,
+  db: Database, done: ReadonlyArray<{ claim: ClaimedAttempt; result: AttemptResult; finishedAt: Date }>,
 ): Promise<void> {
   if (done.length === 0) return;
   await db.transaction(async (tx) => {
@@ -252,16 +253,17 @@ export async function recordSuccesses(
       [done.map((d) => d.claim.deliveryId)]);
     await tx.query(
     `WITH r AS (
-       SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[]) AS r(delivery_id, attempt, status_code, latency_ms, excerpt)
+       SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::int[], $5::text[], $6::timestamptz[])
+         AS r(delivery_id, attempt, status_code, latency_ms, excerpt, finished_at)
      ), delivered AS (
-       UPDATE webhook_deliveries SET status = 'delivered', delivered_at = $6, next_attempt_at = NULL, updated_at = $6
-       WHERE id IN (SELECT delivery_id FROM r) AND status IN ('pending', 'paused')
+       UPDATE webhook_deliveries d SET status = 'delivered', delivered_at = r.finished_at, next_attempt_at = NULL, updated_at = r.finished_at
+       FROM r WHERE d.id = r.delivery_id AND d.status IN ('pending', 'paused')
      )
-     UPDATE webhook_attempts a SET outcome = 'succeeded', finished_at = $6, status_code = r.status_code, latency_ms = r.latency_ms,
+     UPDATE webhook_attempts a SET outcome = 'succeeded', finished_at = r.finished_at, status_code = r.status_code, latency_ms = r.latency_ms,
        error = NULL, response_excerpt = r.excerpt
      FROM r WHERE a.delivery_id = r.delivery_id AND a.attempt = r.attempt`,
     [done.map((d) => d.claim.deliveryId), done.map((d) => d.claim.attempt), done.map((d) => d.result.statusCode),
-      done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), new Date(nowMs)]);
+      done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), done.map((d) => d.finishedAt)]);
   });
 }
 
@@ -678,14 +680,14 @@ async function sendDueAttempts(ctx: AppContext): Promise<number> {
   const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
   if (!claims.length) return 0;
   // Successes are recorded together; any other outcome on its own.
-  const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult }> = [];
+  const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult; finishedAt: Date }> = [];
   const sent = await sendBatch(ctx, claims, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: claims.length });
   const outcomes = await Promise.allSettled(claims.map(async (claim, index) => {
     const { result, finishedAt } = sent[index]!;
-    if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result });
+    if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result, finishedAt });
     else await recordAttempt(ctx.db, finishedAt.getTime(), claim, result);
   }));
-  outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, ctx.clock.nowMs(), succeeded)]));
+  outcomes.push(...await Promise.allSettled([recordSuccesses(ctx.db, succeeded)]));
   const failure = outcomes.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
   // An attempt whose outcome could not be recorded becomes lost, and its next attempt comes on schedule.
   if (failure) throw failure.reason;
