@@ -665,6 +665,32 @@ describe('webhook deliveries', () => {
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
+  test('a test ping whose process stopped before recording it is failed a minute on, not left pending', async () => {
+    const { key, webhookId } = await setUp('/ping-cut-off', ['policy.created']);
+    const ctx = t.service.ctx;
+    const real = ctx.webhookSender;
+    // The sending never answers, as for a process that stopped with the ping in flight.
+    let answer!: (results: Awaited<ReturnType<typeof real.send>>) => void;
+    const sender = new AttemptSender(ctx.clock);
+    sender.send = () => new Promise((resolve) => { answer = resolve; });
+    ctx.webhookSender = sender;
+    try {
+      const ping = t.request('POST', `/v1/webhooks/${webhookId}/test`, { key });
+      while ((await deliveries(key, webhookId)).length === 0) await new Promise((resolve) => setTimeout(resolve, 10));
+      await t.service.jobs.runOnce();
+      assert.equal((await deliveries(key, webhookId))[0]!.status, 'pending', 'within its minute: still in flight');
+      await advance(61);
+      await t.service.jobs.runOnce();
+      const [delivery] = await deliveries(key, webhookId);
+      assert.deepEqual([delivery!.status, delivery!.failure_reason, delivery!.attempts.map((a) => a.outcome)], ['failed', 'ping_failed', ['lost']]);
+      answer([]);
+      await ping.catch(() => {});
+    } finally {
+      ctx.webhookSender = real;
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
   test('a test ping whose sending thread cannot be used is answered and recorded as failed', async () => {
     const { key, webhookId } = await setUp('/ping-no-sender', ['policy.created']);
     const ctx = t.service.ctx;

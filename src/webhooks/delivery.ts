@@ -296,6 +296,27 @@ export async function settleLostFinalAttempts(db: Database, nowMs: number): Prom
   return settled;
 }
 
+/**
+ * A ping's request ends within its 5 s deadline, answered by POST /v1/webhooks/{id}/test: one
+ * pending a minute later was cut off by its process stopping, and is never retried.
+ */
+export const PING_LOST_AFTER_MS = 60_000;
+
+/** Pings whose process stopped before recording them: failed (`ping_failed`), their attempt `lost`. */
+export async function settleLostPings(db: Database, nowMs: number): Promise<number> {
+  const lost = await db.query<{ id: string }>(
+    `WITH lost AS (
+       UPDATE webhook_deliveries SET status = 'failed', failure_reason = 'ping_failed', next_attempt_at = NULL, updated_at = $1
+       WHERE id IN (SELECT id FROM webhook_deliveries WHERE event_type = 'ping' AND status = 'pending' AND created_at <= $2
+                    ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
+       RETURNING id
+     ), attempts AS (
+       UPDATE webhook_attempts SET outcome = 'lost', error = $3 WHERE delivery_id IN (SELECT id FROM lost) AND outcome IS NULL
+     )
+     SELECT id FROM lost`, [new Date(nowMs), new Date(nowMs - PING_LOST_AFTER_MS), LOST_ATTEMPT_ERROR]);
+  return lost.length;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The stream: first attempts, read from the events themselves
 
@@ -640,12 +661,13 @@ export async function expireDeliveryLog(
 
 /**
  * One run of the dispatcher (the `webhooks.deliver` job): takes over lapsed streams, settles
- * lost last attempts, then sends streams and due attempts until nothing is left or its time
+ * lost last attempts and lost pings, then sends streams and due attempts until nothing is left or its time
  * budget is spent.
  */
 export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: number }> {
   await recoverLapsedStreams(ctx.db, ctx.clock.nowMs());
   await settleLostFinalAttempts(ctx.db, ctx.clock.nowMs());
+  await settleLostPings(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
   let attempted = 0;
   // Several claimers side by side: one's database round trips overlap another's requests. Each
