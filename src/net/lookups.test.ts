@@ -24,6 +24,8 @@ describe('outbound name resolution', () => {
     port = (server.address() as AddressInfo).port;
     const answer = (family: 4 | 6) => async (name: string): Promise<string[]> => {
       if (name === 'never-answers.example') return new Promise<string[]>(() => {});
+      // A DNS server that answers A at once and drops AAAA queries.
+      if (name === 'drops-aaaa.example') return family === 4 ? ['127.0.0.1'] : new Promise<string[]>(() => {});
       if (name === 'hooks.example') {
         if (family === 4) return ['127.0.0.1'];
         throw Object.assign(new Error('queryAaaa ENODATA'), { code: 'ENODATA' });
@@ -70,5 +72,10 @@ describe('outbound name resolution', () => {
     assert.equal((await call('localhost', 2_000)).status, 200, 'localhost is loopback without asking DNS');
     assert.equal((await call('127.0.0.1', 2_000)).status, 200, 'an address literal needs no resolution');
     assert.equal(lookups, 0, 'getaddrinfo (dns.lookup) is never used');
+  });
+
+  test('an IPv4 answer does not wait for an IPv6 query that never comes back', async () => {
+    // Waiting for both families, the call would fail at its deadline ('timeout').
+    assert.equal((await call('drops-aaaa.example', 3_000)).status, 200);
   });
 });

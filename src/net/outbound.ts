@@ -231,19 +231,43 @@ async function resolveAll(host: string, timeoutMs: number): Promise<LookupAddres
       reject(new OutboundError('timeout', `resolving ${host} took longer than the call's deadline`));
     }, timeoutMs);
   });
+  let graceTimer: NodeJS.Timeout | undefined;
   try {
-    const [v4, v6] = await Promise.race([Promise.allSettled([resolver.resolve4(name), resolver.resolve6(name)]), deadline]);
-    const addresses = [
-      ...(v4.status === 'fulfilled' ? v4.value.map((address) => ({ address, family: 4 })) : []),
-      ...(v6.status === 'fulfilled' ? v6.value.map((address) => ({ address, family: 6 })) : []),
-    ];
+    const queries = [settleQuery(resolver.resolve4(name), 4), settleQuery(resolver.resolve6(name), 6)] as const;
+    const first = await Promise.race([...queries, deadline]);
+    // One family answered with addresses: the other gets a moment more, not the whole deadline
+    // (a DNS server that drops AAAA queries would otherwise leave the endpoint no time at all).
+    const other = first.addresses.length === 0 ? await Promise.race([queries[first.family === 4 ? 1 : 0], deadline])
+      : await Promise.race([queries[first.family === 4 ? 1 : 0],
+        new Promise<null>((resolve) => { graceTimer = setTimeout(() => resolve(null), OTHER_FAMILY_GRACE_MS); })]);
+    const answers = [first, ...(other ? [other] : [])].sort((a, b) => a.family - b.family);
+    const addresses = answers.flatMap((answer) => answer.addresses);
     if (addresses.length > 0) return addresses;
-    const codes = [v4, v6].map((settled) => (settled.status === 'rejected' ? (settled.reason as NodeJS.ErrnoException).code : 'ENODATA'));
+    const codes = answers.map((answer) => answer.code);
     if (codes.includes('ETIMEOUT')) throw new OutboundError('timeout', `resolving ${host} timed out`);
     throw new OutboundError('network', `${host} did not resolve (${codes.find((code) => code !== 'ENODATA') ?? 'no address'})`);
   } finally {
     clearTimeout(timer);
+    clearTimeout(graceTimer);
+    // A query still out (the family that did not answer in its grace) is given up.
+    resolver.cancel();
   }
+}
+
+/** How long the other address family's query may still take once one family has answered (RFC 8305's resolution delay, doubled). */
+const OTHER_FAMILY_GRACE_MS = 100;
+
+interface FamilyAnswer {
+  family: 4 | 6;
+  addresses: LookupAddress[];
+  /** the query's error code; ENODATA for an empty answer */
+  code: string | undefined;
+}
+
+function settleQuery(query: Promise<string[]>, family: 4 | 6): Promise<FamilyAnswer> {
+  return query.then(
+    (list) => ({ family, addresses: list.map((address) => ({ address, family })), code: list.length ? undefined : 'ENODATA' }),
+    (error: NodeJS.ErrnoException) => ({ family, addresses: [], code: error.code }));
 }
 
 /** A `lookup` for net.connect that answers only with addresses vetted beforehand. */
