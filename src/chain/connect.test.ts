@@ -2,16 +2,19 @@
  * Connecting to a cluster at AGENT_VAULT_RPC_URL: what the service logs of it.
  */
 import assert from 'node:assert/strict';
+import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { createKeyPairSignerFromBytes } from '@solana/kit';
 import { OffsetClock } from '../clock/clock.ts';
 import { loadConfig } from '../config/config.ts';
 import { startRpcServer } from '../validator/http.ts';
 import { DEFAULT_PROGRAM_SO_PATH, LocalValidator } from '../validator/validator.ts';
 import { connectChain, type ChainLogger } from './connect.ts';
+import { encodeSecretKeyBase58 } from './operator-key.ts';
 
 test('the RPC URL is logged as its origin only: a provider\'s API key in its path or query stays out of the logs', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));
@@ -50,6 +53,36 @@ test('an RPC URL nothing answers at is said so at start, not taken for a real cl
       (error: Error) => error.message.includes(`the chain at http://127.0.0.1:${port} (AGENT_VAULT_RPC_URL) did not answer`)
         && /ECONNREFUSED/.test(error.message) && !error.message.includes('s3cret'));
   } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('AGENT_VAULT_ARBITER_KEY gives every process the same arbiter, whatever its data dir', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));
+  const validator = await LocalValidator.open({ dataDir: join(dir, 'validator'), slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
+  const rpc = await startRpcServer(validator, { port: 0 });
+  const quiet = { debug() {}, info() {}, warn() {}, error() {} } as unknown as ChainLogger;
+  const arbiterOf = async (dataDir: string, env: Record<string, string> = {}) => {
+    const connection = await connectChain(loadConfig({ AGENT_VAULT_DATA_DIR: join(dir, dataDir), AGENT_VAULT_RPC_URL: rpc.url, LOG_LEVEL: 'silent', ...env }),
+      new OffsetClock(), quiet);
+    try {
+      return connection.chain.arbiter.address;
+    } finally {
+      await connection.close();
+    }
+  };
+  try {
+    // Each escrow names its arbiter on chain: a process with another one could not decide its dispute.
+    assert.notEqual(await arbiterOf('a'), await arbiterOf('b'), 'without it, each data dir makes its own');
+    const { privateKey, publicKey } = generateKeyPairSync('ed25519');
+    const secret = Buffer.concat([privateKey.export({ format: 'der', type: 'pkcs8' }).subarray(-32), publicKey.export({ format: 'der', type: 'spki' }).subarray(-32)]);
+    const env = { AGENT_VAULT_ARBITER_KEY: encodeSecretKeyBase58(secret) };
+    const expected = (await createKeyPairSignerFromBytes(secret)).address;
+    assert.deepEqual([await arbiterOf('c', env), await arbiterOf('d', env)], [expected, expected]);
+    await assert.rejects(arbiterOf('e', { AGENT_VAULT_ARBITER_KEY: 'not a key' }), /AGENT_VAULT_ARBITER_KEY is not a valid secret key/);
+  } finally {
+    await rpc.close();
+    await validator.close();
     rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -13,7 +13,7 @@ import type { AgentVaultRpcApi } from '../validator/rpc.ts';
 import { ValidatorThread } from '../validator/thread.ts';
 import { LocalValidator } from '../validator/validator.ts';
 import { ChainClient } from './client.ts';
-import { loadOperatorKey, loadOrCreateKeyFile } from './operator-key.ts';
+import { loadOperatorKey, loadServiceKey } from './operator-key.ts';
 
 export const ARBITER_KEY_FILE = 'arbiter-key.json';
 /** Below this the operator (and arbiter) are topped up on a local validator: they pay fees and rent. */
@@ -46,7 +46,11 @@ export interface ChainConnection {
  */
 export async function connectChain(config: Config, clock: Clock, logger: ChainLogger): Promise<ChainConnection> {
   const operator = await loadOperatorKey({ dataDir: config.dataDir, secretKey: config.operatorKey ?? undefined });
-  const arbiter = await loadOrCreateKeyFile(join(config.dataDir, ARBITER_KEY_FILE));
+  // Each escrow names its arbiter on chain, and only that key can decide its dispute: every
+  // process must have the same one (AGENT_VAULT_ARBITER_KEY, or one data dir's file).
+  const arbiter = await loadServiceKey({
+    dataDir: config.dataDir, secretKey: config.arbiterKey ?? undefined, file: ARBITER_KEY_FILE, variable: 'AGENT_VAULT_ARBITER_KEY',
+  });
   let validator: LocalValidator | null = null;
   let thread: ValidatorThread | null = null;
   let rpc: Rpc<SolanaRpcApi & AgentVaultRpcApi>;
@@ -113,7 +117,10 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
         if (value < LOCAL_MIN_LAMPORTS) await rpc.requestAirdrop(key, lamports(LOCAL_MIN_LAMPORTS * 10n)).send();
       }
     }
-    logger.info({ rpc: config.rpcUrl ? rpcForLogs(config.rpcUrl) : thread ? 'embedded (own thread)' : 'embedded', programId, usdcMint, operator: operator.address, local },
+    logger.info({
+      rpc: config.rpcUrl ? rpcForLogs(config.rpcUrl) : thread ? 'embedded (own thread)' : 'embedded', programId, usdcMint,
+      operator: operator.address, arbiter: arbiter.address, local,
+    },
       'chain connected');
     return {
       chain, validator, local, cheatcodes: local ? rpc : null,

@@ -86,16 +86,24 @@ export async function loadOrCreateKeyFile(path: string): Promise<KeyPairSigner> 
 }
 
 export async function loadOperatorKey(options: { dataDir: string; secretKey?: string }): Promise<KeyPairSigner> {
+  return loadServiceKey({ ...options, file: OPERATOR_KEY_FILE, variable: 'AGENT_VAULT_OPERATOR_KEY' });
+}
+
+/**
+ * One of the service's Solana keys: `secretKey` (the environment variable `variable`) when
+ * given, else `file` in the data dir, generated on first use.
+ */
+export async function loadServiceKey(options: { dataDir: string; secretKey?: string; file: string; variable: string }): Promise<KeyPairSigner> {
   if (options.secretKey) {
     let secret: Uint8Array;
     try {
       secret = parseSecretKey(options.secretKey);
     } catch (error) {
-      throw new Error(`AGENT_VAULT_OPERATOR_KEY is not a valid secret key: ${(error as Error).message}`);
+      throw new Error(`${options.variable} is not a valid secret key: ${(error as Error).message}`);
     }
     return createKeyPairSignerFromBytes(secret);
   }
-  return loadOrCreateKeyFile(join(options.dataDir, OPERATOR_KEY_FILE));
+  return loadOrCreateKeyFile(join(options.dataDir, options.file));
 }
 
 export function encodeSecretKeyBase58(secret: Uint8Array): string {

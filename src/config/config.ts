@@ -29,6 +29,8 @@ export interface Config {
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** the operator's 64-byte secret key (JSON array or base58); null = generated into dataDir */
   operatorKey: string | null;
+  /** the arbiter's secret key (AGENT_VAULT_ARBITER_KEY); null = the data dir's arbiter-key.json */
+  arbiterKey: string | null;
   /**
    * program id and USDC mint on a real cluster; when unset, an agent-vault validator at
    * AGENT_VAULT_RPC_URL is asked for its own (agentVault_getInfo)
@@ -129,6 +131,7 @@ export function loadConfig(env: Env = process.env): Config {
     walletsPerOrgMax: integer(env, 'AGENT_VAULT_WALLETS_PER_ORG_MAX', 10_000, 1, 10_000_000),
     apiKeysPerOrgMax: integer(env, 'AGENT_VAULT_API_KEYS_PER_ORG_MAX', 1_000, 1, 1_000_000),
     operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),
+    arbiterKey: text(env, 'AGENT_VAULT_ARBITER_KEY'),
     programId,
     usdcMint,
   };
