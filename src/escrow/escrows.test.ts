@@ -172,6 +172,36 @@ describe('escrow', () => {
     assert.ok(typeof failed.details.reason === 'string' && failed.details.reason.length > 0, 'the chain\'s reason');
   });
 
+  test('a dispute the chain refuses (it landed after the expiry) is 422 escrow_expired, told in both vaults\' feeds', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '1');
+    const created = (await open(from, to.wallet_id, { timeoutSeconds: 60 })).body;
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    // The dispute reaches the chain after the escrow's expiry: the program refuses it.
+    chain.submit = async (...args: Parameters<typeof submit>) => {
+      chain.submit = submit;
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 120 } });
+      return submit.apply(chain, args);
+    };
+    let disputed;
+    try {
+      disputed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'not delivered' } });
+    } finally {
+      chain.submit = submit;
+    }
+    assert.equal(disputed.status, 422, JSON.stringify(disputed.body));
+    assert.equal(disputed.body.error.code, 'escrow_expired');
+    await t.settled();
+    const escrow = await escrowOf(created.escrow_id);
+    assert.deepEqual([escrow.status, escrow.dispute], ['locked', null], 'left for its timeout to refund');
+    for (const wallet of [from, to]) {
+      const feed = (await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&type=escrow.disputed,escrow.dispute_failed`)).body.data;
+      assert.deepEqual(feed.map((e: { type: string }) => e.type), ['escrow.dispute_failed'], JSON.stringify(feed));
+      assert.deepEqual([feed[0].severity, feed[0].details.reason, feed[0].details.status], ['warning', 'EscrowExpired', 'locked']);
+    }
+  });
+
   test('a vault that is a party to an open escrow cannot be archived: its refund or release would be stranded', async () => {
     const from = await fundedWallet(t, '4');
     const to = await fundedWallet(t, '1');

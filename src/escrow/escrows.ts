@@ -588,13 +588,18 @@ export async function disputeEscrow(
   } catch (error) {
     ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a dispute failed; escrows.tick settles it');
   }
+  let refusedAs: string | null = null;
   try {
     const outcome = await ctx.chain.waitForOutcome(prepared.signature, ESCROW_WAIT_MS);
-    await settleDispute(ctx.db, ctx.clock.nowMs(), escrowId, prepared.signature, outcome.err?.name ?? null);
+    refusedAs = outcome.err?.name ?? null;
+    await settleDispute(ctx.db, ctx.clock.nowMs(), escrowId, prepared.signature, refusedAs);
   } catch (error) {
     ctx.log.warn({ err: error, escrowId }, 'no outcome for the dispute yet; escrows.tick settles it');
   }
-  return getEscrow(ctx.db, orgId, escrowId);
+  const after = await getEscrow(ctx.db, orgId, escrowId);
+  // It reached the chain after the expiry (asked at its very end): refused there, as here after it.
+  if (refusedAs === 'EscrowExpired') throw expired(after);
+  return after;
 }
 
 /** A dispute's chain outcome: disputed with `escrow.disputed`, or back to locked when the chain refused it. */
@@ -607,6 +612,13 @@ async function settleDispute(db: Database, nowMs: number, escrowId: string, sign
       await tx.query(
         `UPDATE escrows SET closing = NULL, closing_signature = NULL, closing_valid_height = NULL, dispute = NULL, updated_at = $2
          WHERE id = $1`, [escrowId, new Date(nowMs)]);
+      // Told, as a refused release is: the party that disputed learns no arbiter will decide it.
+      await recordEscrowEvent(tx, nowMs, escrow, 'escrow.dispute_failed',
+        `Escrow ${escrow.id}: its dispute was refused on chain (${error}); it is locked again`, {
+          escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
+          tx_signature: signature, reason: error, status: 'locked', expires_at: escrow.expires_at.toISOString(),
+          raised_by_org: escrow.dispute!.raised_by_org,
+        });
       return;
     }
     await tx.query(
