@@ -414,8 +414,10 @@ describe('escrow', () => {
     const withHash = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
     const plain = (await open(from, to.wallet_id)).body;
     const verified = (await open(from, to.wallet_id, { verifierId: verifier.body.verifier_id })).body;
-    assert.deepEqual([withHash.accepted_proofs, plain.accepted_proofs, verified.accepted_proofs],
-      [['output_hash'], ['output_hash', 'signed_attestation'], ['webhook_callback']], 'each escrow says what completes it');
+    const outside = (await open(await fundedWallet(t, '4'), await newRecipient())).body;
+    assert.deepEqual([withHash.accepted_proofs, plain.accepted_proofs, verified.accepted_proofs, outside.accepted_proofs],
+      [['output_hash'], ['output_hash', 'signed_attestation'], ['webhook_callback'], ['output_hash']],
+      'each escrow says what completes it (an attestation needs a receiving vault of the service)');
     const token = (await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).body.session_token;
     const otherToken = (await t.request('POST', `/v1/wallets/${other.wallet_id}/rotate-token`, { body: {} })).body.session_token;
     const nowS = Math.floor(t.service.ctx.clock.nowMs() / 1000);

@@ -161,13 +161,15 @@ async function verifyAttestation(q: Queryable, nowMs: number, escrow: EscrowForP
  * around it: the receiving agent can always sign an attestation of its own, naming the expected
  * hash, without delivering anything. So a verifier admits `webhook_callback`, an expected hash
  * `output_hash` (the bytes at outputUrl), both admit either; an escrow with neither has no check
- * to keep, and admits `output_hash` and `signed_attestation`.
+ * to keep, and admits `output_hash` and `signed_attestation` — the latter only when it pays a
+ * vault of this service, whose session authority signs it.
  */
-export function acceptedProofTypes(escrow: Pick<EscrowForProof, 'expected_output_hash' | 'verifier_id'>): ProofType[] {
+export function acceptedProofTypes(escrow: Pick<EscrowForProof, 'expected_output_hash' | 'verifier_id' | 'to_wallet_id'>): ProofType[] {
   const chosen: ProofType[] = [];
   if (escrow.verifier_id !== null) chosen.push('webhook_callback');
   if (escrow.expected_output_hash !== null) chosen.push('output_hash');
-  return chosen.length > 0 ? chosen : ['output_hash', 'signed_attestation'];
+  if (chosen.length > 0) return chosen;
+  return escrow.to_wallet_id === null ? ['output_hash'] : ['output_hash', 'signed_attestation'];
 }
 
 /**
