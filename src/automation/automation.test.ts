@@ -848,6 +848,27 @@ describe('events, wallet states and automation', () => {
     assert.deepEqual(await alerts(frozen), ['velocity_spike']);
   });
 
+  test('a velocity alert turned off while a scan counts the vault\'s payments is not raised', async (context) => {
+    await withSecondConnection(t, context, async (other) => {
+      const { adminKey: key } = await t.createOrganization('Velocity turned off mid-scan');
+      const setVelocity = (perHour: number | null) => t.request('PUT', '/v1/alerts', {
+        key, body: { policyViolation: true, inactivityHours: null, velocityPerHour: perHour, largeTransactionAbove: null } });
+      assert.equal((await setVelocity(2)).status, 200);
+      const wallet = await fundedWallet(t, '3', 'pol_permissive', key);
+      for (let k = 0; k < 3; k += 1) {
+        assert.equal((await t.request('POST', '/v1/payments', {
+          key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } })).status, 200);
+      }
+      await t.settled();
+      // The scan counts the burst, then waits for the vault's row to claim the alert; meanwhile
+      // the organisation turns the alert off.
+      const held = await holdLocks(other, (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]));
+      await queuedRequest(other, held, () => scanAlerts(t.service.ctx), async () => assert.equal((await setVelocity(null)).status, 200));
+      const alerts = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${wallet.wallet_id}`, { key })).body.data;
+      assert.deepEqual(alerts, []);
+    });
+  });
+
   test('alerts: settings read back; large transaction, velocity spike, inactivity and policy violation raise alert.raised once', async () => {
     const defaults = await t.request('GET', '/v1/alerts');
     assert.deepEqual(defaults.body, {

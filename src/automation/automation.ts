@@ -328,12 +328,20 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
     const count = row?.count ?? 0;
     if (count <= wallet.per_hour) continue;
     raised += await ctx.db.transaction(async (tx) => {
+      await tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [wallet.id]);
+      // The setting as it is once the vault is locked (a statement of its own, so it sees a change
+      // committed while the lock was awaited): turned off or raised since the candidates were
+      // read, it raises nothing.
+      const [setting] = await tx.query<{ per_hour: number | null }>(
+        'SELECT velocity_per_hour AS per_hour FROM alert_settings WHERE org_id = $1', [wallet.org_id]);
+      const perHour = setting?.per_hour ?? null;
+      if (perHour === null || count <= perHour) return 0;
       const claimed = await tx.query(
         `UPDATE wallets SET velocity_alerted_at = $2 WHERE id = $1 AND status <> 'archived'
            AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
       if (!claimed.length) return 0;
       await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'velocity_spike',
-        `Wallet ${wallet.id} made ${count} payments in the last hour (alert above ${wallet.per_hour})`, { count, per_hour: wallet.per_hour });
+        `Wallet ${wallet.id} made ${count} payments in the last hour (alert above ${perHour})`, { count, per_hour: perHour });
       return 1;
     });
   }
