@@ -570,6 +570,18 @@ describe('events, wallet states and automation', () => {
     await reconcilePending(t.service.ctx);
     await runWalletAutomation(t.service.ctx);
     assert.deepEqual(await fundingsOf(later.wallet_id), [['failed', 'Expired'], ['pending', null]]);
+
+    // The operator empties the vault (to archive it) while the lost topup waits to expire: the
+    // withdrawal's latch is its own, and the expiry does not free it to refill the vault.
+    const emptied = await fundedWallet(t, '10');
+    assert.equal((await pay(emptied.wallet_id, '6')).status, 200);
+    await recordTopup(emptied.wallet_id, true);
+    const withdrawn = await t.request('POST', `/v1/wallets/${emptied.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    assert.equal(withdrawn.body.status, 'confirmed', JSON.stringify(withdrawn.body));
+    await tick(emptied.wallet_id);
+    assert.deepEqual(await fundingsOf(emptied.wallet_id), [['failed', 'Expired']], 'no topup after the withdrawal');
+    assert.equal(await balanceOf(t, emptied.wallet_id), '0.00');
+    assert.equal((await t.request('DELETE', `/v1/wallets/${emptied.wallet_id}`)).status, 200, 'it can be archived');
   });
 
   /** An organisation of its own, its reserve holding `reserve`, with `count` vaults of 10.00 whose auto-topup (10.00 below 5.00) a payment of 6.00 made due. */

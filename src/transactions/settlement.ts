@@ -183,12 +183,14 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
       // tried again at the automation's next tick. One the chain ran and refused keeps its latch:
       // trying it every second would fail the same way. So does a vault topped up since (its
       // latch re-armed and taken again while this one waited to expire): the latch is the later
-      // topup's now.
+      // topup's now; and one withdrawn from since (the withdrawal took the latch as its own, so
+      // that a vault its operator empties is not refilled: docs/automation.md).
       if (row.memo === AUTO_TOPUP_MEMO && row.failure_reason === EXPIRED) {
         await tx.query(
           `UPDATE wallets SET topup_fired_at = NULL WHERE id = $1 AND NOT EXISTS (
-             SELECT 1 FROM transactions o WHERE o.wallet_id = $1 AND o.type = 'funding' AND o.memo = $3 AND o.id <> $2
-               AND (o.status = 'pending' OR (o.status = 'confirmed' AND o.created_at >= $4)))`,
+             SELECT 1 FROM transactions o WHERE o.wallet_id = $1 AND o.id <> $2 AND (
+               (o.type = 'funding' AND o.memo = $3 AND (o.status = 'pending' OR (o.status = 'confirmed' AND o.created_at >= $4)))
+               OR (o.type = 'withdrawal' AND o.status <> 'failed' AND o.created_at >= $4)))`,
           [row.wallet_id, row.id, AUTO_TOPUP_MEMO, row.created_at]);
       }
     },
