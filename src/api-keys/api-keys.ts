@@ -88,11 +88,12 @@ function assertNewKey(input: { name: string; role: string }): asserts input is {
 }
 
 /**
- * The API key a request came with, read again once the organisation's lock is held: a key
- * revoked while its request waited for that lock (behind the revocation) does nothing more with
- * it — it makes no key and revokes none. Revocation is immediate for key management too.
+ * The API key a request came with, read again in the transaction that records its work, once
+ * that holds its locks: a key revoked while its request waited (behind the revocation, for a
+ * lock, for an escrow's output) does nothing more — it makes no key, revokes none, moves no
+ * escrow. Revocation is immediate for these too, as for payments.
  */
-async function assertActingKeyLive(tx: Queryable, orgId: string, actingKeyId: string | undefined): Promise<void> {
+export async function assertActingKeyLive(tx: Queryable, orgId: string, actingKeyId: string | undefined): Promise<void> {
   if (actingKeyId === undefined) return;
   const [live] = await tx.query('SELECT 1 FROM api_keys WHERE org_id = $1 AND id = $2 AND revoked_at IS NULL', [orgId, actingKeyId]);
   if (!live) throw new ServiceError('authentication_failed', 'This API key was revoked while the request waited.');

@@ -303,6 +303,29 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  // Guarantee: an API key revoked while its completion fetches the output releases nothing, as a
+  // revoked key pays nothing (docs/api-keys.md).
+  test('an API key revoked while its completion fetches the output: 401, the escrow stays locked', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id)).body;
+    const operator = await t.request('POST', '/v1/api-keys', { body: { name: unique('completer'), role: 'operator' } });
+    assert.equal(operator.status, 200, JSON.stringify(operator.body));
+    const completing = t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+      key: operator.body.key, body: { proofType: 'output_hash', proof: sha256Of(SLOW_OUTPUT), outputUrl: `${outputUrl}/slow` },
+    });
+    await slowFetches(1);
+    assert.equal((await t.request('DELETE', `/v1/api-keys/${operator.body.api_key_id}`)).status, 200);
+    slowResponses.shift()!();
+    const refused = await completing;
+    assert.equal(refused.status, 401, JSON.stringify(refused.body));
+    assert.equal(refused.body.error.code, 'authentication_failed');
+    const escrow = await escrowOf(created.escrow_id);
+    assert.deepEqual([escrow.status, escrow.in_flight, escrow.completed_at], ['locked', null, null]);
+    assert.equal(await balanceOf(t, to.wallet_id), '0.50', 'nothing reached the receiver');
+    await assertConserved();
+  });
+
   // Guarantee: the same for a dispute. Its only step between the token's check and the record
   // is signing its chain transaction, so the token is taken back there: rotated (403), or its
   // session expired on the service clock (401), as a payment would answer.

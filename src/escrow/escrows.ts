@@ -15,6 +15,7 @@
  * this service, `a2a_receive` on it; a refund writes `escrow_refund`; a split writes the legs it has.
  */
 import { address, type Address, type Signature } from '@solana/kit';
+import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, retryShortly } from '../errors/errors.ts';
@@ -260,6 +261,8 @@ export async function createEscrow(
     wait: boolean; mark?: RecordMarker;
     /** an `agent` key's escrow: the session public key its token matched, checked again under the vault's lock */
     sessionKey?: string | null;
+    /** the API key asking: read again under the vault's lock (revoked meanwhile: 401, nothing locked) */
+    keyId?: string;
   },
 ): Promise<EscrowOutcome> {
   const receiver = await resolveReceiver(ctx.db, orgId, input.toWallet);
@@ -294,6 +297,7 @@ export async function createEscrow(
       const receiverFirst = receiver.walletId !== null && receiver.walletId < input.fromWallet;
       if (receiverFirst) await assertReceiverOpen(tx, receiver);
       const wallet = await lockWallet(tx, orgId, input.fromWallet);
+      await assertActingKeyLive(tx, orgId, options.keyId);
       // Read once the vault is locked, and no earlier than its latest spend (spendWindowsFrom).
       const { atMs: recordedMs, windows: read } = await spendWindowsFrom(tx, [wallet.id], ctx.clock.nowMs());
       if (!receiverFirst) await assertReceiverOpen(tx, receiver);
@@ -403,6 +407,8 @@ export async function completeEscrow(
     wait: boolean;
     /** an `agent` key's completion: checked again under the vault's lock */
     session?: PartySession | null;
+    /** the API key asking: read again under the escrow's lock (revoked during the output's fetch: 401, nothing released) */
+    keyId?: string;
   },
 ): Promise<EscrowRow> {
   const before = await getEscrow(ctx.db, orgId, escrowId);
@@ -415,6 +421,7 @@ export async function completeEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
+    await assertActingKeyLive(tx, orgId, options.keyId);
     // A vault whose own columns are read under the lock — an attestation's receiving vault, the
     // vault whose session token an agent showed — is locked FOR SHARE, both vaults in id order,
     // before those reads; otherwise recordPayout locks them.
@@ -574,6 +581,7 @@ export async function disputeEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertCompletable(escrow, nowMs);
+    await assertActingKeyLive(tx, orgId, keyId);
     if (options.session) await assertSessionCurrent(tx, options.session, nowMs);
     const dispute = {
       raised_by_org: orgId, raised_by_key: keyId, reason: input.reason, evidence: input.evidence, raised_at: new Date(nowMs).toISOString(),
@@ -690,6 +698,7 @@ export async function resolveEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
     assertResolvable(escrow, split);
+    await assertActingKeyLive(tx, arbiter.orgId, keyId);
     const resolution = {
       to_receiver: formatUsdc(split.toReceiver), to_sender: formatUsdc(split.toSender), decided_by: keyId,
       decided_at: new Date(nowMs).toISOString(),

@@ -188,7 +188,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
         ? { status: 200, body: escrowView(await getEscrow(ctx.db, principal.orgId, id)) }
         : answer(principal.orgId, { escrow: null, sendTxId: id })),
     }, async (mark) => answer(principal.orgId, await createEscrow(ctx, principal.orgId, input, {
-      wait: body.waitForConfirmation ?? true, mark, sessionKey: principal.role === 'agent' ? from.session_public_key : null,
+      wait: body.waitForConfirmation ?? true, mark, sessionKey: principal.role === 'agent' ? from.session_public_key : null, keyId: principal.keyId,
     })));
     return sendIdempotent(reply, result);
   });
@@ -214,7 +214,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     const { proofType, proof, outputUrl } = request.body;
     if (outputUrl !== undefined && proofType !== 'output_hash') throw invalidRequest('output_url', 'outputUrl goes with an output_hash proof.');
     return escrowView(await completeEscrow(ctx, principal.orgId, escrow.id,
-      { proofType, proof, outputUrl: outputUrl ?? null }, { wait: request.body.waitForConfirmation ?? true, session }));
+      { proofType, proof, outputUrl: outputUrl ?? null }, { wait: request.body.waitForConfirmation ?? true, session, keyId: principal.keyId }));
   });
 
   app.post('/v1/payments/a2a/:escrow_id/dispute', {
