@@ -56,6 +56,24 @@ describe('escrow', () => {
   const escrowOf = async (id: string) => (await t.request('GET', `/v1/payments/a2a/${id}`)).body;
   const chainBalance = (owner: string) => t.service.ctx.chain.getUsdcBalance(address(owner));
   const tick = () => t.service.jobs.runOnce();
+  /**
+   * `request` with the chain transaction it sends reaching the chain after the escrow's expiry
+   * (the clock moved 120 s on just before it is sent): the program refuses it.
+   */
+  const landingAfterExpiry = async <T>(request: () => Promise<T>): Promise<T> => {
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    chain.submit = async (...args: Parameters<typeof submit>) => {
+      chain.submit = submit;
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 120 } });
+      return submit.apply(chain, args);
+    };
+    try {
+      return await request();
+    } finally {
+      chain.submit = submit;
+    }
+  };
 
   /** reserve + Σ vaults + Σ escrows still holding money = Σ deposits − Σ paid out of the organisation. */
   async function assertConserved(): Promise<void> {
@@ -140,22 +158,10 @@ describe('escrow', () => {
     const from = await fundedWallet(t, '10');
     const to = await fundedWallet(t, '1');
     const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 60 })).body;
-    const { chain } = t.service.ctx;
-    const submit = chain.submit;
-    // The release reaches the chain after the escrow's expiry: the program refuses it.
-    chain.submit = async (...args: Parameters<typeof submit>) => {
-      chain.submit = submit;
-      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 120 } });
-      return submit.apply(chain, args);
-    };
-    try {
-      const completed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
-        body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
-      });
-      assert.equal(completed.status, 200, JSON.stringify(completed.body));
-    } finally {
-      chain.submit = submit;
-    }
+    const completed = await landingAfterExpiry(() => t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+      body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
+    }));
+    assert.equal(completed.status, 200, JSON.stringify(completed.body));
     await t.settled();
     const escrow = await escrowOf(created.escrow_id);
     assert.equal(escrow.status, 'locked', JSON.stringify(escrow));
@@ -176,20 +182,8 @@ describe('escrow', () => {
     const from = await fundedWallet(t, '10');
     const to = await fundedWallet(t, '1');
     const created = (await open(from, to.wallet_id, { timeoutSeconds: 60 })).body;
-    const { chain } = t.service.ctx;
-    const submit = chain.submit;
-    // The dispute reaches the chain after the escrow's expiry: the program refuses it.
-    chain.submit = async (...args: Parameters<typeof submit>) => {
-      chain.submit = submit;
-      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 120 } });
-      return submit.apply(chain, args);
-    };
-    let disputed;
-    try {
-      disputed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'not delivered' } });
-    } finally {
-      chain.submit = submit;
-    }
+    const disputed = await landingAfterExpiry(() =>
+      t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'not delivered' } }));
     assert.equal(disputed.status, 422, JSON.stringify(disputed.body));
     assert.equal(disputed.body.error.code, 'escrow_expired');
     await t.settled();
