@@ -13,7 +13,8 @@ import { NO_LIMIT } from '../chain/program.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { withAnotherKey } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
-import { AUDIT_PAGE_BYTES_MAX, POLICY_PAGE_BYTES_MAX, syncPolicyToChain } from './policies.ts';
+import { AUDIT_PAGE_BYTES_MAX, POLICY_PAGE_BYTES_MAX, syncPendingPolicies, syncPolicyToChain } from './policies.ts';
+import { ConfirmationTimeoutError, type PreparedTransaction } from '../chain/client.ts';
 
 const ADDRESS = 'So11111111111111111111111111111111111111112';
 const USDC = 1_000_000n;
@@ -474,6 +475,45 @@ describe('policies: refusals and their effects', () => {
       `SELECT payload FROM events WHERE type = 'policy.updated' AND payload->>'policy_id' = $1 ORDER BY created_at, id`, [policy.policy_id]);
     assert.deepEqual(events.map((e) => e.payload.changes), audit.body.data.slice(1).map((e: any) => e.changes),
       'each policy.updated event carries the same diff as its audit entry');
+  });
+
+  // Guarantee: a write whose outcome was lost cannot leave older limits on chain behind a row
+  // marked ready: the row stays pending until it has landed or can no longer, then the newest
+  // limits are written again.
+  test('a write whose outcome was lost and that lands after a newer one: the newer limits end on chain', async () => {
+    const policy = await createPolicy(t, { maxPerTx: '100' });
+    const { ctx } = t.service;
+    const { chain } = ctx;
+    const { submit, waitForOutcome } = chain;
+    let held: PreparedTransaction | null = null;
+    // The first write is not sent yet, and its wait times out (a slow cluster, a far RPC node).
+    chain.submit = async (prepared) => {
+      chain.submit = submit;
+      held = prepared;
+    };
+    chain.waitForOutcome = async (signature, timeoutMs) => {
+      if (held && signature === held.signature) throw new ConfirmationTimeoutError(signature, timeoutMs ?? 0);
+      return waitForOutcome.call(chain, signature, timeoutMs);
+    };
+    const statusOf = async () => (await ctx.db.query<{ chain_status: string }>(
+      'SELECT chain_status FROM policies WHERE org_id = $1 AND id = $2', [t.orgId, policy.policy_id]))[0]!.chain_status;
+    const onChain = async () => (await chain.getPolicy(address(policy.chain_address)))!.maxPerTx;
+    try {
+      assert.equal((await t.request('PATCH', `/v1/policies/${policy.policy_id}`, { body: { maxPerTx: '1000' } })).status, 200);
+      assert.equal((await t.request('PATCH', `/v1/policies/${policy.policy_id}`, { body: { maxPerTx: '50' } })).status, 200);
+      assert.equal(await onChain(), 50n * USDC, 'the newer limit written');
+      assert.equal(await statusOf(), 'pending', 'not ready while the first write may still land');
+      // The first write lands now, after the second.
+      await submit.call(chain, held!);
+      assert.equal((await waitForOutcome.call(chain, held!.signature, 10_000)).err, null);
+      assert.equal(await onChain(), 1000n * USDC);
+    } finally {
+      chain.submit = submit;
+      chain.waitForOutcome = waitForOutcome;
+    }
+    await syncPendingPolicies(ctx);
+    assert.equal(await onChain(), 50n * USDC, 'written again once the first had landed');
+    assert.equal(await statusOf(), 'ready');
   });
 
   test('a clone of a policy whose expiry has passed needs a new expiry (or null)', async () => {

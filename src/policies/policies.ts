@@ -11,7 +11,7 @@
  * raises the revision and marks the row pending again, so a write that lost a race never leaves
  * a `ready` row over stale limits. The `policies.sync` job finishes rows left pending.
  */
-import { address } from '@solana/kit';
+import { address, type Signature } from '@solana/kit';
 import { Type } from 'typebox';
 import type { PolicyLimits } from '../chain/program.ts';
 import type { Queryable } from '../db/database.ts';
@@ -21,6 +21,7 @@ import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
+import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
 import { diffFields, type Changes, type PolicyFields } from './fields.ts';
 import { chainLimitsOf, type PolicyRules } from './presets.ts';
 
@@ -40,6 +41,8 @@ export interface PolicyRow {
   chain_address: string;
   chain_status: 'pending' | 'ready';
   revision: number;
+  /** SetPolicy writes sent whose outcome is not known yet: the row is not ready while any may land */
+  unsettled_writes: UnsettledWrite[];
   created_at: Date;
   updated_at: Date;
   deleted_at: Date | null;
@@ -63,7 +66,7 @@ export const RULE_COLUMNS = `p.max_per_tx, p.max_per_day, p.max_per_month, p.vel
 export type RuleColumns = Pick<PolicyRow,
   'max_per_tx' | 'max_per_day' | 'max_per_month' | 'velocity_cap' | 'allowed_recipients' | 'blocked_categories' | 'require_co_sign' | 'expiry'>;
 const COLUMNS = `p.org_id, p.id, p.name, p.is_preset, ${RULE_COLUMNS}, p.chain_address, p.chain_status, p.revision,
-  p.created_at, p.updated_at, p.deleted_at`;
+  p.unsettled_writes, p.created_at, p.updated_at, p.deleted_at`;
 /** Vaults attached: archived ones are frozen for good and do not hold a policy in use. */
 const WALLET_COUNT = `(SELECT count(*) FROM wallets w
   WHERE w.org_id = p.org_id AND w.policy_id = p.id AND w.status <> 'archived') AS wallet_count`;
@@ -435,8 +438,18 @@ export async function syncPolicyToChain(ctx: Ctx, orgId: string, policyId: strin
     if (onChain && onChain.authority !== ctx.chain.operator.address) {
       throw new Error(`policy ${policyId}'s account ${account} on chain was created by another key (${onChain.authority}), not the operator`);
     }
+    // Earlier writes whose outcome their writers never learned: settled now if the chain knows
+    // them or they can no longer land. One that still may keeps the row from being marked ready
+    // (it could land after this sync's reading), but does not stop this write: the account
+    // follows the newest limits meanwhile, and a later pass writes them again if it lands.
+    const stillUnsettled = await settleWrites(ctx, orgId, policyId, row.unsettled_writes);
     if (!onChain || !sameLimits(onChain, want)) {
-      const outcome = await ctx.chain.execute([await ctx.chain.setPolicyIx(orgId, policyId, want)], CHAIN_TIMEOUT_MS);
+      const prepared = await ctx.chain.prepare([await ctx.chain.setPolicyIx(orgId, policyId, want)]);
+      await noteWrite(ctx.db, orgId, policyId, { signature: prepared.signature, valid_height: String(prepared.lastValidBlockHeight) });
+      await ctx.chain.submit(prepared);
+      const outcome = await ctx.chain.waitForOutcome(prepared.signature, CHAIN_TIMEOUT_MS);
+      // Its outcome is known: it can no longer land later.
+      await forgetWrites(ctx.db, orgId, policyId, [prepared.signature]);
       if (outcome.err) throw new Error(`setting policy ${policyId} on chain failed: ${outcome.err.name}`);
       onChain = await ctx.chain.getPolicy(account);
     }
@@ -446,6 +459,9 @@ export async function syncPolicyToChain(ctx: Ctx, orgId: string, policyId: strin
       if (!current) return 'gone';
       if (read && sameLimits(read, chainLimitsOf(rulesOf(current)))) {
         if (current.revision !== row.revision) return 'pending';
+        // A write that may still land (this reading's or one noted meanwhile): not ready yet;
+        // the job comes back once it has landed or can no longer.
+        if (stillUnsettled || current.unsettled_writes.length > 0) return 'pending';
         await tx.query(`UPDATE policies SET chain_status = 'ready' WHERE org_id = $1 AND id = $2`, [orgId, policyId]);
         return 'ready';
       }
@@ -457,6 +473,50 @@ export async function syncPolicyToChain(ctx: Ctx, orgId: string, policyId: strin
   }
   return 'pending';
 }
+
+/** A SetPolicy sent whose outcome its writer has not learned yet (policies.unsettled_writes). */
+export interface UnsettledWrite {
+  signature: string;
+  /** its last valid block height, as a decimal string (JSON has no u64) */
+  valid_height: string;
+}
+
+/** Notes a write before it is sent. */
+async function noteWrite(db: Queryable, orgId: string, policyId: string, write: UnsettledWrite): Promise<void> {
+  await db.query(
+    `UPDATE policies SET unsettled_writes = unsettled_writes || $3::jsonb WHERE org_id = $1 AND id = $2`,
+    [orgId, policyId, JSON.stringify([write])]);
+}
+
+/** Forgets writes whose outcome is known, or that can no longer land. */
+async function forgetWrites(db: Queryable, orgId: string, policyId: string, signatures: readonly string[]): Promise<void> {
+  if (signatures.length === 0) return;
+  await db.query(
+    `UPDATE policies SET unsettled_writes = COALESCE((SELECT jsonb_agg(w) FROM jsonb_array_elements(unsettled_writes) w
+       WHERE NOT (w->>'signature' = ANY($3::text[]))), '[]'::jsonb) WHERE org_id = $1 AND id = $2`,
+    [orgId, policyId, signatures]);
+}
+
+/**
+ * Settles the noted writes the chain knows, or that are past their last valid height (with the
+ * reconciler's margin); answers whether any may still land.
+ */
+async function settleWrites(ctx: Ctx, orgId: string, policyId: string, writes: readonly UnsettledWrite[]): Promise<boolean> {
+  if (writes.length === 0) return false;
+  const recent = writes.slice(-STATUS_BATCH_MAX);
+  // The height before the statuses, as reconcilePending reads them.
+  const height = await ctx.chain.getBlockHeight();
+  const outcomes = await ctx.chain.getOutcomes(recent.map((write) => write.signature as Signature));
+  const settled = recent.filter((write, i) => outcomes[i] !== null || height > BigInt(write.valid_height) + EXPIRY_MARGIN_BLOCKS)
+    .map((write) => write.signature);
+  // Older than the batch asked: long expired (at most one write a pass, three passes a sync).
+  settled.push(...writes.slice(0, -STATUS_BATCH_MAX).map((write) => write.signature));
+  await forgetWrites(ctx.db, orgId, policyId, settled);
+  return settled.length < writes.length;
+}
+
+/** Signatures asked about in one call. */
+const STATUS_BATCH_MAX = 100;
 
 /**
  * After a change has committed: the request writes the chain itself, so the change holds on
