@@ -608,6 +608,24 @@ describe('payments', () => {
     assert.equal(await countRows(t, paid.wallet.wallet_id), 0);
   });
 
+  // Guarantee: a key revoked while its payment waits for the vault's lock pays nothing
+  // (docs/api-keys.md): the keys are read after the lock, not with it.
+  test('an API key revoked while its payment waits for the vault\'s lock: 401, nothing recorded', async (context) => {
+    await withSecondConnection(t, context, async (other) => {
+      const wallet = await fundedWallet(t, '3');
+      const operator = await t.request('POST', '/v1/api-keys', { body: { name: unique('payer'), role: 'operator' } });
+      assert.equal(operator.status, 200, JSON.stringify(operator.body));
+      const held = await holdLocks(other, (tx) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]));
+      const answer = await queuedRequest(t.service.ctx.db, held, async () => t.request('POST', '/v1/payments', {
+        key: operator.body.key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+      }), async () => assert.equal((await t.request('DELETE', `/v1/api-keys/${operator.body.api_key_id}`)).status, 200));
+      assert.equal(answer.status, 401, JSON.stringify(answer.body));
+      assert.equal(answer.body.error.code, 'authentication_failed');
+      assert.equal(await balanceOf(t, wallet.wallet_id), '3.00');
+      assert.equal(await countRows(t, wallet.wallet_id), 0);
+    });
+  });
+
   test('a vault archived while an agent\'s payment waits for its lock: wallet_archived, as for any key', async (context) => {
     // Archiving's own statement (it also ends the session authority).
     const paid = await agentPaymentBehind(context, (walletId) => [

@@ -393,8 +393,8 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
     // Sent together, one round trip: the windows' statement runs after the locks are held. The
     // time was read before the locks were waited for: a spend committed meanwhile may be later
     // (spendWindowsFrom), and the batch is then decided at that time.
-    const [{ wallets, liveKeys }, read] = await Promise.all([
-      lockWallets(tx, items), spendWindowsOf(tx, walletIdsOf(items), readMs),
+    const [wallets, liveKeys, read] = await Promise.all([
+      lockWallets(tx, items), liveKeysOf(tx, items), spendWindowsOf(tx, walletIdsOf(items), readMs),
     ]);
     const { atMs: nowMs, windows } = await spendWindowsFrom(tx, walletIdsOf(items), readMs, read);
 
@@ -517,27 +517,32 @@ function walletIdsOf(items: readonly PaymentToRecord[]): string[] {
 }
 
 /**
- * Locks the vaults' rows, by id, and reads their policies' rules and which of the paying API
- * keys are not revoked in the same statement. One that waited for a lock answers the locked row
- * as it is now but a joined row as it was when the statement began: a policy change takes no
- * vault lock, so the rules are those of a moment before, as if the payment had come first (the
- * spend windows, written under the vault's lock, are read after it, in a statement of their
- * own). The join is outer so that a vault moved to another policy meanwhile is still answered,
- * and signed again. The keys come with every row; with no vault found there is no payment to
- * check them for.
+ * Locks the vaults' rows, by id, and reads their policies' rules in the same statement. One that
+ * waited for a lock answers the locked row as it is now but a joined row as it was when the
+ * statement began: a policy change takes no vault lock, so the rules are those of a moment
+ * before, as if the payment had come first (the spend windows, written under the vault's lock,
+ * are read after it, in a statement of their own). The join is outer so that a vault moved to
+ * another policy meanwhile is still answered, and signed again.
  */
-async function lockWallets(
-  tx: Queryable, items: readonly PaymentToRecord[],
-): Promise<{ wallets: Map<string, LockedWallet>; liveKeys: Set<string> }> {
-  const walletIds = walletIdsOf(items);
-  const keyIds = [...new Set(items.flatMap((item) => (item.keyId === null ? [] : [item.keyId])))];
-  const rows = await tx.query<LockedWallet & { live_key_ids: string[] }>(
-    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS},
-       (SELECT COALESCE(array_agg(id), '{}') FROM api_keys WHERE id = ANY($2::text[]) AND revoked_at IS NULL) AS live_key_ids
+async function lockWallets(tx: Queryable, items: readonly PaymentToRecord[]): Promise<Map<string, LockedWallet>> {
+  const rows = await tx.query<LockedWallet>(
+    `SELECT w.*, p.id IS NOT NULL AS has_policy, ${RULE_COLUMNS}
      FROM wallets w
      LEFT JOIN policies p ON p.org_id = w.org_id AND p.id = w.policy_id AND p.deleted_at IS NULL
-     WHERE w.id = ANY($1::text[]) ORDER BY w.id FOR UPDATE OF w`, [walletIds, keyIds]);
-  return { wallets: new Map(rows.map(({ live_key_ids: _, ...w }) => [w.id, w])), liveKeys: new Set(rows[0]?.live_key_ids) };
+     WHERE w.id = ANY($1::text[]) ORDER BY w.id FOR UPDATE OF w`, [walletIdsOf(items)]);
+  return new Map(rows.map((w) => [w.id, w]));
+}
+
+/**
+ * Which of the paying API keys are not revoked, in a statement of its own sent behind the locks:
+ * it sees a revocation committed while the batch waited for a vault (a subquery of the locking
+ * statement would read the keys as they were when it began, and pay with a key revoked since).
+ */
+async function liveKeysOf(tx: Queryable, items: readonly PaymentToRecord[]): Promise<Set<string>> {
+  const keyIds = [...new Set(items.flatMap((item) => (item.keyId === null ? [] : [item.keyId])))];
+  if (keyIds.length === 0) return new Set();
+  const rows = await tx.query<{ id: string }>('SELECT id FROM api_keys WHERE id = ANY($1::text[]) AND revoked_at IS NULL', [keyIds]);
+  return new Set(rows.map((row) => row.id));
 }
 
 /**
