@@ -15,7 +15,7 @@ interface Waiting<Item, Result> {
 }
 
 export class GroupCommit<Item, Result> {
-  readonly #write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>;
+  readonly #write: (items: Item[], retried: boolean) => Promise<Array<BatchOutcome<Result>>>;
   readonly #maxBatch: number;
   readonly #concurrency: number;
   readonly #gather: boolean;
@@ -25,13 +25,16 @@ export class GroupCommit<Item, Result> {
 
   /**
    * `write` answers one outcome per item, in order, and must write nothing when it throws (one
-   * database transaction). At most `concurrency` batches are written at once, each of at most
+   * database transaction) — unless the throw is a lost answer to its COMMIT, which it cannot
+   * tell from a failure: each item is then written again on its own with `retried` set, and a
+   * write that may find its item already written must look (the payments do). At most `concurrency` batches are written at once, each of at most
    * `maxBatch` items. `gather`: an idle queue waits until the promise callbacks queued meanwhile
    * have run before it writes, so that work submitted together (many waiters woken by one answer)
    * is written as one batch rather than a batch of one and then the rest.
    */
   constructor(
-    write: (items: Item[]) => Promise<Array<BatchOutcome<Result>>>, options: { maxBatch: number; concurrency: number; gather?: boolean },
+    write: (items: Item[], retried: boolean) => Promise<Array<BatchOutcome<Result>>>,
+    options: { maxBatch: number; concurrency: number; gather?: boolean },
   ) {
     this.#write = write;
     this.#maxBatch = options.maxBatch;
@@ -85,14 +88,14 @@ export class GroupCommit<Item, Result> {
    * of several is written again one item per write, side by side (a database that is down fails
    * them all at once, not one after the other), so a failure one item causes is its alone.
    */
-  async #run(batch: Array<Waiting<Item, Result>>): Promise<void> {
+  async #run(batch: Array<Waiting<Item, Result>>, retried = false): Promise<void> {
     let outcomes: Array<BatchOutcome<Result>>;
     try {
-      outcomes = await this.#write(batch.map((waiting) => waiting.item));
+      outcomes = await this.#write(batch.map((waiting) => waiting.item), retried);
       if (outcomes.length !== batch.length) throw new Error(`a batch of ${batch.length} answered ${outcomes.length} outcomes`);
     } catch (error) {
       if (batch.length === 1) batch[0]!.reject(error);
-      else await Promise.all(batch.map((waiting) => this.#run([waiting])));
+      else await Promise.all(batch.map((waiting) => this.#run([waiting], true)));
       return;
     }
     batch.forEach((waiting, i) => {

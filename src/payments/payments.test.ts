@@ -1038,6 +1038,50 @@ describe('payments under concurrency', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '9.00');
   });
 
+  // Guarantee: a batch committed whose COMMIT answer was lost (the connection dropped with it)
+  // is not decided a second time: each payment is answered from what was recorded, and sent.
+  test('a batch whose COMMIT answer is lost: each payment answered as recorded and sent, none decided twice', async () => {
+    const wallet = await fundedWallet(t, '3');
+    const db = t.service.ctx.db;
+    const transaction = db.transaction;
+    let lost = 0;
+    let first = true;
+    // The first recording waits a moment, so the payments behind it gather into one batch; the
+    // first batch of several then commits, and its answer is lost.
+    db.transaction = (async (work: Parameters<typeof transaction>[0]) => {
+      if (first && String(work).includes('lockWallets')) {
+        first = false;
+        await new Promise((resolve) => setTimeout(resolve, 300));
+      }
+      const result = await transaction.call(db, work);
+      const batch = Array.isArray(result) && result.length >= 2 && result.every((outcome) => typeof outcome?.ok === 'boolean');
+      if (batch && lost === 0) {
+        lost += 1;
+        throw new Error('Connection terminated unexpectedly');
+      }
+      return result;
+    }) as typeof transaction;
+    const bodies = await Promise.all(Array.from({ length: 6 }, async () => ({
+      walletId: wallet.wallet_id, to: await newRecipient(), amount: '0.50', currency: 'USDC', idempotencyKey: unique('lost-commit'),
+    })));
+    let answers;
+    try {
+      answers = await Promise.all(bodies.map((body) => t.request('POST', '/v1/payments', { body })));
+    } finally {
+      db.transaction = transaction;
+    }
+    assert.equal(lost, 1, 'a batch of several was written and its answer lost');
+    assert.deepEqual(answers.map((answer) => [answer.status, answer.body.status]), bodies.map(() => [200, 'confirmed']),
+      JSON.stringify(answers.map((answer) => answer.body)));
+    assert.equal(await balanceOf(t, wallet.wallet_id), '0.00');
+    assert.equal(await countRows(t, wallet.wallet_id), 6, 'one row each');
+    for (const [i, body] of bodies.entries()) {
+      const replay = await t.request('POST', '/v1/payments', { body });
+      assert.equal(replay.body.tx_id, answers[i]!.body.tx_id, 'the key names its own payment');
+    }
+    await assertVaultConsistent(t, wallet.wallet_id, 3_000_000n);
+  });
+
   test('20 concurrent identical idempotent requests make one payment', async () => {
     const wallet = await fundedWallet(t, '10');
     const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', idempotencyKey: unique('pay') };

@@ -364,7 +364,8 @@ const RECORD_CONCURRENCY = 1;
 function recorderOf(ctx: Ctx): GroupCommit<PaymentToRecord, Decided> {
   let recorder = recorders.get(ctx.db);
   if (!recorder) {
-    recorder = new GroupCommit((items) => recordPayments(ctx, items), { maxBatch: RECORD_BATCH_MAX, concurrency: RECORD_CONCURRENCY });
+    recorder = new GroupCommit(async (items, retried) => (retried && await alreadyRecorded(ctx, items[0]!)) || recordPayments(ctx, items),
+      { maxBatch: RECORD_BATCH_MAX, concurrency: RECORD_CONCURRENCY });
     recorders.set(ctx.db, recorder);
   }
   return recorder;
@@ -387,6 +388,21 @@ interface Spent { amount: bigint; lastBlocked: boolean }
  * counted, with its `transaction.pending`, in one statement for the whole batch. A refusal is
  * that payment's answer only; a blocked one is recorded with its violation.
  */
+/**
+ * A payment written again on its own after its batch's write threw: the batch may have been
+ * committed all the same (the connection lost with COMMIT's answer). Then it is answered as
+ * recorded — and sent by its request — rather than decided a second time against a vault it
+ * has already debited. Null when it was not written.
+ */
+async function alreadyRecorded(ctx: Ctx, item: PaymentToRecord): Promise<Array<BatchOutcome<Decided>> | null> {
+  const [row] = await ctx.db.query<AwaitingRow>('SELECT * FROM transactions WHERE id = $1', [item.txId]);
+  if (!row) return null;
+  const decided: Decided = row.status === 'blocked'
+    ? { kind: 'blocked', row, violation: row.violation as Violation }
+    : { kind: 'recorded', row, awaiting: row.approval?.status === 'awaiting' };
+  return [{ ok: true, value: decided }];
+}
+
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
     const readMs = ctx.clock.nowMs();
