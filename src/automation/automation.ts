@@ -48,7 +48,7 @@ export async function expirePolicies(ctx: Ctx): Promise<number> {
       if (!policy) return false;
       // Lock order: wallets by id, like every other writer of wallet rows.
       const frozen = await tx.query<{ id: string; agent_id: string; label: string }>(
-        `UPDATE wallets SET status = 'frozen', chain_status = 'pending', updated_at = $3
+        `UPDATE wallets SET status = 'frozen', chain_status = 'pending', sync_retry_at = NULL, sync_failures = 0, updated_at = $3
          WHERE id IN (SELECT id FROM wallets WHERE org_id = $1 AND policy_id = $2 AND status = 'active' ORDER BY id FOR UPDATE)
          RETURNING id, agent_id, label`, [orgId, id, now]);
       // One statement for all their events: the vaults' locks (thousands, for a policy many vaults

@@ -149,4 +149,23 @@ describe('the wallets.sync back-off', () => {
     assert.deepEqual(state, { id: walletId, chain_status: 'ready', sync_failures: 0, sync_retry_at: null });
     assert.equal((await ctx.chain.getVault(address(frozen.body.chain_address)))!.frozen, true);
   });
+
+  test('a user\'s change made while a failing sync holds the wallet is taken by the job once that lease lapses, not after the back-off', async () => {
+    const { ctx } = t.service;
+    const orgId = await pendingOrganization();
+    const [walletId] = await unprovisionedWallets(orgId, 1, ctx.clock.nowMs());
+    await bootstrapOrganizations(ctx, null, { onPendingFailed: () => {} });
+    // Twelve failures behind it (a chain outage): retried in half an hour; a sync of it still
+    // holds the wallet (its lease, 90 s).
+    await ctx.db.query(`UPDATE wallets SET sync_failures = 12, sync_retry_at = $2, sync_holder = 'another-process', sync_lease_until = $3
+      WHERE id = $1`, [walletId, new Date(ctx.clock.nowMs() + 1_800_000), new Date(ctx.clock.nowMs() + 90_000)]);
+    const key = await t.createKey('admin', orgId);
+    const frozen = await t.request('PATCH', `/v1/wallets/${walletId}`, { key, body: { status: 'frozen' } });
+    assert.equal(frozen.status, 200, JSON.stringify(frozen.body));
+    assert.equal((await statesOf([walletId!])).get(walletId!)!.chain_status, 'pending', 'the held wallet is left to the job');
+    assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 91 } })).status, 200);
+    await syncPendingWallets(ctx);
+    assert.deepEqual((await statesOf([walletId!])).get(walletId!)!, { id: walletId, chain_status: 'ready', sync_failures: 0, sync_retry_at: null });
+    assert.equal((await ctx.chain.getVault(address(frozen.body.chain_address)))!.frozen, true);
+  });
 });

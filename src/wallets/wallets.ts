@@ -604,6 +604,8 @@ export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, in
     await tx.query(
       `UPDATE wallets SET label = $2, policy_id = $3, tags = $4, status = $5, updated_at = $6,
          chain_status = CASE WHEN $7::boolean THEN 'pending' ELSE chain_status END,
+         sync_retry_at = CASE WHEN $7::boolean THEN NULL ELSE sync_retry_at END,
+         sync_failures = CASE WHEN $7::boolean THEN 0 ELSE sync_failures END,
          policy_violation_at = CASE WHEN policy_id = $3 THEN policy_violation_at END,
          low_balance_threshold = CASE WHEN $8::boolean THEN $9::bigint ELSE low_balance_threshold END,
          low_balance_fired_at = CASE WHEN $8::boolean THEN NULL ELSE low_balance_fired_at END,
@@ -667,7 +669,7 @@ export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): 
         { wallet_id: walletId });
     }
     await tx.query(
-      `UPDATE wallets SET status = 'archived', archived_at = $2, updated_at = $2, chain_status = 'pending',
+      `UPDATE wallets SET status = 'archived', archived_at = $2, updated_at = $2, chain_status = 'pending', sync_retry_at = NULL, sync_failures = 0,
          session_public_key = NULL, session_expires_at = NULL, auto_topup_enabled = FALSE WHERE id = $1`,
       [walletId, new Date(nowMs)]);
     await recordEvent(tx, nowMs, {
