@@ -168,4 +168,30 @@ describe('the wallets.sync back-off', () => {
     assert.deepEqual((await statesOf([walletId!])).get(walletId!)!, { id: walletId, chain_status: 'ready', sync_failures: 0, sync_retry_at: null });
     assert.equal((await ctx.chain.getVault(address(frozen.body.chain_address)))!.frozen, true);
   });
+
+  test('a run with a slow chain starts no sync past its time budget; the next run takes the rest', async () => {
+    const { ctx } = t.service;
+    const ids: string[] = [];
+    for (let i = 0; i < 3; i += 1) {
+      const created = await t.request('POST', '/v1/wallets', { body: { agentId: unique('slow-sync'), label: 'Slow', policyId: 'pol_moderate' } });
+      assert.equal(created.status, 200, JSON.stringify(created.body));
+      ids.push(created.body.wallet_id);
+    }
+    // Frozen by a writer that died before syncing (the job's to finish).
+    await ctx.db.query(`UPDATE wallets SET status = 'frozen', chain_status = 'pending' WHERE id = ANY($1)`, [ids]);
+    const { execute } = ctx.chain;
+    ctx.chain.execute = async (...args: Parameters<typeof execute>) => {
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return execute.apply(ctx.chain, args);
+    };
+    try {
+      assert.ok(await syncPendingWallets(ctx, { runBudgetMs: 100 }) <= 1, 'one sync (this suite\'s other wallets may come first), then the budget is spent');
+    } finally {
+      ctx.chain.execute = execute;
+    }
+    const pending = async () => [...(await statesOf(ids)).values()].filter((state) => state.chain_status === 'pending').length;
+    assert.ok(await pending() >= 2, 'at most one of these synced in the run');
+    await syncPendingWallets(ctx);
+    assert.equal(await pending(), 0, 'the next run takes the rest');
+  });
 });

@@ -548,6 +548,8 @@ async function readVault(ctx: Ctx, vault: Address) {
 }
 
 const SYNC_BATCH_MAX = 50;
+/** A run of the `wallets.sync` job starts no wallet's sync after this. */
+export const WALLET_SYNC_LIMITS: Readonly<{ runBudgetMs: number }> = { runBudgetMs: 10_000 };
 
 /**
  * The `wallets.sync` job: every wallet whose chain state lags, a bounded batch per run. Only
@@ -557,7 +559,8 @@ const SYNC_BATCH_MAX = 50;
  * and a refusal changed nothing about them, so 50 vaults the chain keeps refusing held every
  * place of every batch and no other wallet synced again.
  */
-export async function syncPendingWallets(ctx: Ctx): Promise<number> {
+export async function syncPendingWallets(ctx: Ctx, limits: { runBudgetMs: number } = WALLET_SYNC_LIMITS): Promise<number> {
+  const deadlineMs = performance.now() + limits.runBudgetMs;
   const now = new Date(ctx.clock.nowMs());
   const pending = await ctx.db.query<{ id: string; org_id: string }>(
     `SELECT id, org_id FROM wallets
@@ -566,6 +569,9 @@ export async function syncPendingWallets(ctx: Ctx): Promise<number> {
      ORDER BY COALESCE(sync_retry_at, updated_at), id LIMIT ${SYNC_BATCH_MAX}`, [now]);
   let synced = 0;
   for (const wallet of pending) {
+    // A slow chain (each sync up to three passes, each waiting for a confirmation) ends the run
+    // here rather than holding every later wallet, and the job's next run, behind it.
+    if (performance.now() > deadlineMs) break;
     try {
       if (await syncWalletToChain(ctx, wallet.org_id, wallet.id)) synced += 1;
     } catch (error) {
