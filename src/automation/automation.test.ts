@@ -753,6 +753,32 @@ describe('events, wallet states and automation', () => {
     assert.equal(low.length, 2, 'again after the balance was back above');
   });
 
+  test('a vault made due by a write that moves no money is acted on: a threshold set over its balance, a vault unfrozen below its trigger', async () => {
+    // Threshold over the balance, set, taken back before the job looked, then set again.
+    const watched = await fundedWallet(t, '3');
+    await t.request('PATCH', `/v1/wallets/${watched.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await t.request('PATCH', `/v1/wallets/${watched.wallet_id}`, { body: { lowBalanceThreshold: null } });
+    await t.service.jobs.runOnce();
+    assert.equal((await eventsOf('balance.low', watched.wallet_id)).length, 0, 'no threshold when the job looked');
+    await t.request('PATCH', `/v1/wallets/${watched.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await t.service.jobs.runOnce();
+    await t.service.jobs.runOnce();
+    const low = await eventsOf('balance.low', watched.wallet_id);
+    assert.deepEqual(low.map((e) => e.details.current_balance), ['3.00'], 'told once');
+
+    // Auto-topup turned on while frozen below the trigger: nothing until the vault is unfrozen.
+    const frozen = await fundedWallet(t, '1');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '4' } });
+    assert.equal((await t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { body: { status: 'frozen' } })).status, 200);
+    assert.equal((await t.request('PUT', `/v1/wallets/${frozen.wallet_id}/auto-topup`,
+      { body: { enabled: true, triggerBelow: '5', topupAmount: '4' } })).status, 200);
+    await tick(frozen.wallet_id, 2);
+    assert.equal(await balanceOf(t, frozen.wallet_id), '1.00', 'a frozen vault is not topped up');
+    assert.equal((await t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { body: { status: 'active' } })).status, 200);
+    await tick(frozen.wallet_id, 3);
+    assert.equal(await balanceOf(t, frozen.wallet_id), '5.00', 'one topup once active');
+  });
+
   test('large-transaction alerts follow each organisation\'s own threshold when their payments settle together', async () => {
     const other = await t.createOrganization('Alerts elsewhere');
     const setThreshold = (key: string, amount: string) => t.request('PUT', '/v1/alerts', {

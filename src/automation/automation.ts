@@ -85,6 +85,19 @@ function lowBalanceEvent(
   };
 }
 
+/**
+ * When a vault is due for balance.low, and for an auto-topup whose latch is free (columns of
+ * `wallets`). Migration 0037's trigger marks the vaults that meet either (`automation_due`) as
+ * they are written, with these very conditions: keep the two the same. The job reads only marked
+ * vaults, through a partial index, and clears the marks of those no longer due.
+ */
+const LOW_BALANCE_DUE = `(low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL AND status <> 'archived'
+  AND (balance < low_balance_threshold OR low_balance_crossed_balance IS NOT NULL))`;
+const TOPUP_DUE = `(auto_topup_enabled AND topup_fired_at IS NULL AND status = 'active' AND provisioned_at IS NOT NULL
+  AND balance < auto_topup_trigger_below)`;
+/** Marks cleared per run: more than a run's two batches can leave, so they never pile up. */
+const MARKS_CLEARED_MAX = 1_000;
+
 /** Sent topups settled per run: one status call to the chain. */
 const SENT_TOPUPS_MAX = 256;
 
@@ -117,8 +130,7 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
     const latched = await tx.query<{ id: string; org_id: string; balance: bigint; low_balance_threshold: bigint }>(
       `WITH due AS (
          SELECT id, low_balance_crossed_balance AS crossed FROM wallets
-         WHERE low_balance_threshold IS NOT NULL AND low_balance_fired_at IS NULL
-           AND (balance < low_balance_threshold OR low_balance_crossed_balance IS NOT NULL) AND status <> 'archived'
+         WHERE automation_due AND ${LOW_BALANCE_DUE}
          LIMIT ${BATCH} FOR UPDATE SKIP LOCKED)
        UPDATE wallets w SET low_balance_fired_at = CASE WHEN w.balance < w.low_balance_threshold THEN $1::timestamptz END,
          low_balance_crossed_balance = NULL
@@ -136,13 +148,16 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
   // was recorded — a process that dies in between loses no topup. A latch taken for a reserve
   // shortfall (migration 0030) makes its vault a candidate again once the reserve holds the
   // topup's amount: judged here from the reserve as read, and again under its lock by the funding.
+  // Two index-served reads: the marked vaults, and those waiting for their reserve (migration 0030).
   const due = await ctx.db.query<{ id: string; org_id: string; auto_topup_amount: bigint }>(
-    `SELECT w.id, w.org_id, w.auto_topup_amount FROM wallets w
-     WHERE w.auto_topup_enabled AND w.balance < w.auto_topup_trigger_below AND w.status = 'active' AND w.provisioned_at IS NOT NULL
-       AND (w.topup_fired_at IS NULL
-         OR (w.topup_fired_at IS NOT NULL AND w.topup_reserve_short_at IS NOT NULL
-           AND w.auto_topup_amount <= (SELECT o.reserve_balance FROM organizations o WHERE o.id = w.org_id)))
-     ORDER BY w.id LIMIT ${BATCH}`);
+    `(SELECT id, org_id, auto_topup_amount FROM wallets WHERE automation_due AND ${TOPUP_DUE} ORDER BY id LIMIT ${BATCH})
+     UNION
+     (SELECT w.id, w.org_id, w.auto_topup_amount FROM wallets w
+      WHERE w.auto_topup_enabled AND w.topup_reserve_short_at IS NOT NULL AND w.topup_fired_at IS NOT NULL
+        AND w.balance < w.auto_topup_trigger_below AND w.status = 'active' AND w.provisioned_at IS NOT NULL
+        AND w.auto_topup_amount <= (SELECT o.reserve_balance FROM organizations o WHERE o.id = w.org_id)
+      ORDER BY w.id LIMIT ${BATCH})
+     ORDER BY id LIMIT ${BATCH}`);
   let topups = 0;
   /**
    * Takes the vault's latch if its topup is still due (checked again under the lock), with the
@@ -202,6 +217,11 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
       ctx.log.warn({ err: error, walletId: wallet.id }, 'auto-topup failed; retried at the next tick');
     }
   }
+  // Under each vault's lock, so a write that made it due again since it was read keeps its mark.
+  await ctx.db.query(
+    `UPDATE wallets SET automation_due = FALSE WHERE id IN (
+       SELECT id FROM wallets WHERE automation_due AND NOT COALESCE(${LOW_BALANCE_DUE}, FALSE) AND NOT COALESCE(${TOPUP_DUE}, FALSE)
+       LIMIT ${MARKS_CLEARED_MAX} FOR UPDATE SKIP LOCKED)`);
   return { topups, lowBalance: lows.length };
 }
 
