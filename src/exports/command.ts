@@ -46,6 +46,7 @@ interface ExportState {
   download_url: string | null;
   file_name: string;
   estimated_ready_at: string;
+  created_at: string;
   row_count: number | null;
   size_bytes: number | null;
   failure_reason: string | null;
@@ -61,12 +62,15 @@ export async function runExportCommand(options: ExportCommandOptions, io: Export
 
   const status = statusLine(io.stderr);
   const startedMs = Date.now();
+  // The estimate is on the service's clock, which need not be this machine's (a test clock moved
+  // forward, or a clock skewed): what it gives is its distance from the export's creation.
+  const estimatedMs = Date.parse(state.estimated_ready_at) - Date.parse(state.created_at);
   while (state.status === 'processing') {
     if (Date.now() - startedMs > BUILD_WAIT_MAX_MS) {
       throw new ExportCommandError(`export ${state.export_id} is still processing after ${BUILD_WAIT_MAX_MS / 60_000} minutes; `
         + `poll GET /v1/transactions/exports/${state.export_id} later`);
     }
-    const leftS = Math.max(0, Math.ceil((Date.parse(state.estimated_ready_at) - Date.now()) / 1000));
+    const leftS = Math.max(0, Math.ceil((estimatedMs - (Date.now() - startedMs)) / 1000));
     status.show(`export ${state.export_id}: building${leftS > 0 ? `, ready in about ${leftS} s` : ''}…`);
     await io.wait(POLL_INTERVAL_MS);
     state = await call<ExportState>('GET', `/v1/transactions/exports/${encodeURIComponent(state.export_id)}`);

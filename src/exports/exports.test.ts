@@ -595,6 +595,24 @@ describe('transaction exports over time and through failures', () => {
     assert.equal(gone.body.error.code, 'export_not_found');
   });
 
+  test('agent-vault export tells the time left by the service\'s estimate, whatever the service\'s clock says', async () => {
+    await advance(86_400);
+    await t.service.app.listen({ port: 0, host: '127.0.0.1' });
+    const { port } = t.service.app.server.address() as AddressInfo;
+    const dir = mkdtempSync(join(tmpdir(), 'av-export-cli-'));
+    try {
+      let progress = '';
+      await runExportCommand(
+        { baseUrl: `http://127.0.0.1:${port}`, apiKey: t.adminKey, format: 'csv', filters: {}, out: join(dir, 'later.csv'), force: false },
+        { stderr: { write: (text: string) => { progress += text; }, isTTY: true }, wait: () => t.service.jobs.runOnce() });
+      assert.match(progress, /building/);
+      const told = [...progress.matchAll(/ready in about (\d+) s/g)].map((match) => Number(match[1]));
+      assert.ok(told.every((seconds) => seconds < 600), `time left as the service estimated it, not a day: ${told.join(', ')}`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   test('a build interrupted by a crash is taken up again once its lease runs out, its partial file deleted', async () => {
     const created = await t.request('POST', '/v1/transactions/export', { body: { format: 'json' } });
     const id = created.body.export_id;
