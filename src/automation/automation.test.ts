@@ -56,6 +56,10 @@ describe('events, wallet states and automation', () => {
     assert.equal(all.status, 200, JSON.stringify(all.body));
     assert.deepEqual(all.body.data.map((e: { type: string }) => e.type),
       ['transaction.completed', 'transaction.pending', 'wallet.funded', 'wallet.created'], 'newest first');
+    const aliased = await t.request('GET', `/v1/events?wallet_id=${wallet.wallet_id}`);
+    assert.deepEqual(aliased.body.data, all.body.data, 'wallet_id, as SPEC spells it, is walletId');
+    const both = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&wallet_id=${wallet.wallet_id}`);
+    assert.equal(both.body.error?.param, 'wallet_id');
     const created = all.body.data.at(-1);
     assert.match(created.timestamp, /\.\d{3}Z$/, 'millisecond timestamps');
     assert.equal(created.severity, 'info');

@@ -982,6 +982,16 @@ describe('escrow', () => {
     assert.equal((await t.request('GET', '/v1/payments/a2a', { key: otherKey })).body.data.length, 1);
     const stranger = await t.createOrganization();
     assert.equal((await t.request('GET', `/v1/payments/a2a/${created.escrow_id}`, { key: stranger.adminKey })).status, 404);
+    // The list by vault: the other organisation's vault our escrow pays, by either spelling; a
+    // vault we have nothing to do with, or none, is 404; an empty id is refused.
+    const byReceiver = await t.request('GET', `/v1/payments/a2a?wallet_id=${theirs.body.wallet_id}`);
+    assert.deepEqual(byReceiver.body.data.map((e: { escrow_id: string }) => e.escrow_id), [created.escrow_id]);
+    for (const walletId of ['wal_nope', from.wallet_id]) {
+      const unknown = await t.request('GET', `/v1/payments/a2a?walletId=${walletId}`, { key: stranger.adminKey });
+      assert.equal(unknown.status, 404, walletId);
+      assert.equal(unknown.body.error.code, 'wallet_not_found');
+    }
+    assert.equal((await t.request('GET', '/v1/payments/a2a?walletId=')).body.error?.param, 'wallet_id');
     const done = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
       key: otherKey, body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` },
     });

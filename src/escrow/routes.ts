@@ -9,11 +9,11 @@ import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
-import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage, walletIdOf, walletIdQuery } from '../http/pagination.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import type { Violation } from '../payments/policy-engine.ts';
 import { getTransaction } from '../transactions/views.ts';
-import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
+import { assertVaultAccess, getWallet, walletNotFound } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
   completeEscrow, createEscrow, disputeEscrow, getEscrow, isServiceArbiter, receiverAddress, resolveEscrow, type EscrowRow, type PartySession,
@@ -285,7 +285,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       tags: ['Escrow'], summary: 'Escrows your organisation takes part in, newest first',
       querystring: Type.Object({
         ...PageQuery,
-        walletId: Type.Optional(Type.String({ maxLength: 64, description: 'as sender or receiver' })),
+        ...walletIdQuery('as sender or receiver: a vault of your organisation, or another\'s that your escrows pay'),
         status: Type.Optional(EscrowStatusSchema),
       }, { additionalProperties: false }),
       response: { 200: pageOf(EscrowView) },
@@ -296,7 +296,16 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     // The service's arbiters also see every disputed escrow, to decide them.
     const arbiter = await isServiceArbiter(ctx.db, principalOf(request));
     const where = new PageFilter('e').where((p) => `(e.org_id = ${p} OR e.receiver_org_id = ${p}${arbiter ? ` OR e.status = 'disputed'` : ''})`, orgId);
-    if (request.query.walletId) where.where((p) => `(e.from_wallet_id = ${p} OR e.to_wallet_id = ${p})`, request.query.walletId);
+    const walletId = walletIdOf(request.query);
+    if (walletId !== undefined) {
+      // A vault not in the organisation, nor paid by one of its escrows, is 404, as for the
+      // transactions and the feed: a mistyped id is not an empty list.
+      const [known] = await ctx.db.query(
+        `SELECT 1 FROM wallets WHERE org_id = $1 AND id = $2
+         UNION ALL SELECT 1 FROM escrows WHERE to_wallet_id = $2 AND org_id = $1 LIMIT 1`, [orgId, walletId]);
+      if (!known) throw walletNotFound(walletId);
+      where.where((p) => `(e.from_wallet_id = ${p} OR e.to_wallet_id = ${p})`, walletId);
+    }
     if (request.query.status) where.where((p) => `e.status = ${p}`, request.query.status);
     const { sql, params } = where.page(page);
     const rows = await ctx.db.query<EscrowRow>(`SELECT e.* FROM escrows e ${sql}`, params);

@@ -7,7 +7,7 @@ import { invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
+import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage, walletIdOf, walletIdQuery } from '../http/pagination.ts';
 import { parseTimeBound } from '../transactions/routes.ts';
 import { getWallet } from '../wallets/wallets.ts';
 import { EVENT_RETENTION_MS, EVENT_TYPES, type EventType, type Severity } from './events.ts';
@@ -48,7 +48,7 @@ export function eventRoutes(app: App, ctx: AppContext): void {
       querystring: Type.Object({
         ...PageQuery,
         type: Type.Optional(Type.String({ maxLength: 1000, description: 'an event name, or several separated by commas' })),
-        walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+        ...walletIdQuery(),
         severity: Type.Optional(Type.Union([Type.Literal('info'), Type.Literal('warning'), Type.Literal('critical')])),
         from: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, inclusive; an earlier one starts 90 days back, where the feed ends' })),
         to: Type.Optional(Type.String({ maxLength: 40, description: 'ISO 8601, exclusive' })),
@@ -83,17 +83,18 @@ export function eventRoutes(app: App, ctx: AppContext): void {
     }
     if (query.severity !== undefined) where.where((p) => `severity = ${p}`, query.severity);
     const columns = 'id, type, wallet_id, severity, summary, payload, created_at';
-    if (query.walletId === undefined) {
+    const walletId = walletIdOf(query);
+    if (walletId === undefined) {
       const { sql, params } = where.page(page);
       return toPage(await ctx.db.query<EventRow>(`SELECT ${columns} FROM events ${sql}`, params), page, eventView);
     }
     // A vault not in the organisation is 404, as for the transactions: not an empty feed.
-    await getWallet(ctx.db, orgId, query.walletId);
+    await getWallet(ctx.db, orgId, walletId);
     // Its events, and those of another of its organisation's vaults that name it (an escrow
     // between the two): two pages, each read in its index's order, merged. Both filters hold the
     // same parameters in the same order; related_wallet_id never equals wallet_id.
-    const own = where.copy().where((p) => `wallet_id = ${p}`, query.walletId).page(page);
-    const related = where.where((p) => `related_wallet_id = ${p}`, query.walletId).page(page);
+    const own = where.copy().where((p) => `wallet_id = ${p}`, walletId).page(page);
+    const related = where.where((p) => `related_wallet_id = ${p}`, walletId).page(page);
     const rows = await ctx.db.query<EventRow>(
       `SELECT * FROM ((SELECT ${columns} FROM events ${own.sql}) UNION ALL (SELECT ${columns} FROM events ${related.sql})) AS e
        ORDER BY created_at DESC, id DESC LIMIT ${page.limit + 1}`, own.params);

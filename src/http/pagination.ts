@@ -15,6 +15,19 @@ export const PageQuery = {
   cursor: Type.Optional(Type.String({ description: 'next_cursor of the previous page', maxLength: 200 })),
 };
 
+/** A list's vault filter, `walletId`, also accepted as `wallet_id` (SPEC's spelling), not both. */
+export const walletIdQuery = (description?: string) => ({
+  walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64, ...(description ? { description } : {}) })),
+  wallet_id: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'alias of walletId' })),
+});
+
+export function walletIdOf(query: { walletId?: string; wallet_id?: string }): string | undefined {
+  if (query.walletId !== undefined && query.wallet_id !== undefined) {
+    throw invalidRequest('wallet_id', 'Give walletId or wallet_id, not both.');
+  }
+  return query.walletId ?? query.wallet_id;
+}
+
 export function pageOf<T extends ReturnType<typeof Type.Object>>(item: T) {
   return Type.Object({
     data: Type.Array(item),

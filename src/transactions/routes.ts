@@ -7,7 +7,9 @@ import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { DATE_MS_MAX, DATE_MS_MIN, PageQuery, pageOf, parsePageRequest, toPage, type PageRequest } from '../http/pagination.ts';
+import {
+  DATE_MS_MAX, DATE_MS_MIN, PageQuery, pageOf, parsePageRequest, toPage, walletIdOf, walletIdQuery, type PageRequest,
+} from '../http/pagination.ts';
 import { assertVaultAccess, getWallet } from '../wallets/wallets.ts';
 import { settleKnownOutcomes, settlePendingOf, type TransactionStatus, type TransactionType } from './settlement.ts';
 import {
@@ -32,8 +34,7 @@ const WalletListFields = {
 const WalletListQuery = Type.Object(WalletListFields, { additionalProperties: false });
 const OrganizationListQuery = Type.Object({
   ...WalletListFields,
-  walletId: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
-  wallet_id: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'alias of walletId' })),
+  ...walletIdQuery(),
   recipient: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'an address exactly, a domain in any case' })),
 }, { additionalProperties: false });
 
@@ -81,11 +82,8 @@ export interface ListQuery {
 }
 
 export function filterOf(query: ListQuery): TransactionFilter {
-  if (query.walletId !== undefined && query.wallet_id !== undefined) {
-    throw invalidRequest('wallet_id', 'Give walletId or wallet_id, not both.');
-  }
   const filter: TransactionFilter = {};
-  const walletId = query.walletId ?? query.wallet_id;
+  const walletId = walletIdOf(query);
   if (walletId !== undefined) filter.walletId = walletId;
   if (query.status !== undefined) filter.status = query.status;
   if (query.type !== undefined) filter.type = query.type;
