@@ -93,6 +93,7 @@ describe('escrow', () => {
   test('create locks the amount in its own account at once; complete with a matching output releases it to the receiver', async () => {
     const from = await fundedWallet(t, '10');
     const to = await fundedWallet(t, '1');
+    const askedAt = Date.parse((await t.request('GET', '/v1/test_helpers/clock')).body.now);
     const created = await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 600 });
     assert.equal(created.status, 200, JSON.stringify(created.body));
     assert.equal(created.body.status, 'locked');
@@ -101,7 +102,10 @@ describe('escrow', () => {
     assert.equal(created.body.to_wallet, to.wallet_id);
     assert.equal(created.body.task_hash, sha256Of('Summarise the filings'));
     assert.notEqual(created.body.chain_address, from.chain_address);
-    assert.equal(Date.parse(created.body.expires_at) - Date.parse(created.body.created_at) <= 600_000, true, 'expires within its timeout');
+    // Whole seconds on chain: never before its full timeout from the request, and less than a second after.
+    const expiresAt = Date.parse(created.body.expires_at);
+    assert.ok(expiresAt >= askedAt + 600_000, `${created.body.expires_at} is not before the timeout's end (${new Date(askedAt + 600_000).toISOString()})`);
+    assert.ok(expiresAt < Date.parse(created.body.created_at) + 601_000, 'less than a second after it');
     assert.equal(await balanceOf(t, from.wallet_id), '6.00');
     assert.equal(await chainBalance(created.body.chain_address), 4_000_000n, 'the escrow account holds it on chain');
     const escrowState = await t.service.ctx.chain.getEscrow(address(created.body.chain_address));

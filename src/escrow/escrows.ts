@@ -278,7 +278,8 @@ export async function createEscrow(
     const nowMs = ctx.clock.nowMs();
     const escrowId = newId('esc', nowMs);
     const sendTxId = newId('tx', nowMs);
-    const expiresAtSeconds = BigInt(Math.floor(nowMs / 1000) + input.timeoutSeconds);
+    // Rounded up to the chain's whole seconds: an escrow never expires before its full timeout.
+    const expiresAtSeconds = BigInt(Math.ceil(nowMs / 1000) + input.timeoutSeconds);
     const { escrow: escrowAddress, escrowToken } = await ctx.chain.escrowAddresses(escrowId);
     const prepared = await ctx.chain.prepare([
       referenceMemoIx(escrowId),
