@@ -799,6 +799,9 @@ describe('escrow', () => {
     const to = await fundedWallet(t, '0.5');
     const arbiter = await t.createKey('arbiter');
     const created = (await open(from, to.wallet_id)).body;
+    // Not disputed yet: not "already settled" (it is not), a request the escrow's state does not take.
+    const early = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: arbiter, body: { decision: 'refund' } });
+    assert.deepEqual([early.status, early.body.error?.code, early.body.error?.param], [400, 'invalid_request', 'escrow_id'], JSON.stringify(early.body));
     assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'half done' } })).status, 200);
     const malformed: Array<[Record<string, unknown>, string]> = [
       [{ toReceiver: 2, toSender: '2' }, 'to_receiver'],

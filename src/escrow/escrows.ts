@@ -715,6 +715,12 @@ export async function resolveEscrow(
 }
 
 function assertResolvable(escrow: EscrowRow, split: Resolution): void {
+  if (escrow.status === 'locked') {
+    // Not settled (escrow_already_settled would say it is): not in a state a decision takes.
+    throw new ServiceError('invalid_request',
+      `Escrow ${escrow.id} is locked: only a disputed escrow is resolved (either party disputes it first).`,
+      { param: 'escrow_id', escrow_id: escrow.id, status: escrow.status });
+  }
   if (escrow.status !== 'disputed') {
     throw new ServiceError('escrow_already_settled', `Escrow ${escrow.id} is ${escrow.status}: only a disputed escrow is resolved.`,
       { escrow_id: escrow.id, status: escrow.status });
