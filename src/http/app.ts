@@ -174,6 +174,7 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
     const param = extra ?? missing ?? (path || fastifyError.validationContext || 'body');
     const message = extra ? `Unknown field "${param}".`
       : missing ? `Missing required field "${param}".`
+        : first.keyword === 'minProperties' && !path ? 'The body has no field: send at least one field to change.'
         : `Invalid value for "${param}": ${failureText(first, fastifyError.validation)}.`;
     const code = first.parentSchema?.[ERROR_CODE_KEYWORD] as ErrorCode | undefined;
     return new ServiceError(code ?? 'invalid_request', message, { param: toSnakeCase(param) });

@@ -366,6 +366,30 @@ describe('request conventions', () => {
     assert.equal(label.body.error.message, 'Invalid value for "label": must be string.', 'not an amount: no amount advice');
   });
 
+  test('a refusal says what to send instead: an empty change, a malformed tag, "ALL", no event or the test event', async () => {
+    // This suite's limit is 5 requests a minute per key.
+    const key = await t.createKey('admin');
+    for (const path of ['/v1/wallets/wal_x', '/v1/policies/pol_x']) {
+      const empty = await t.request('PATCH', path, { key, body: {} });
+      assert.deepEqual([empty.status, empty.body.error.param, empty.body.error.message],
+        [400, 'body', 'The body has no field: send at least one field to change.'], path);
+    }
+    const tag = await t.request('GET', '/v1/wallets?tags=team-a,-x', { key });
+    assert.equal(tag.body.error.param, 'tags');
+    assert.match(tag.body.error.message, /^"-x" is not a tag: .*starting with a letter or digit\.$/);
+    const all = await t.request('POST', '/v1/wallets/wal_x/withdraw', { key, body: { amount: 'ALL' } });
+    assert.equal(all.body.error.code, 'invalid_amount');
+    assert.match(all.body.error.message, /or "all" \(lowercase\) for the whole balance/);
+
+    const another = await t.createKey('admin');
+    const none = await t.request('POST', '/v1/webhooks', { key: another, body: { url: 'https://hooks.example.com/a', events: [] } });
+    assert.deepEqual([none.status, none.body.error.param, none.body.error.message],
+      [400, 'events', 'events is "*" or a non-empty array of event names.']);
+    const ping = await t.request('POST', '/v1/webhooks', { key: another, body: { url: 'https://hooks.example.com/a', events: ['ping'] } });
+    assert.equal(ping.body.error.param, 'events');
+    assert.match(ping.body.error.message, /^"ping" is the test event: POST \/v1\/webhooks\/\{id\}\/test sends it/);
+  });
+
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {
     const key = await t.createKey('admin');
     const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: `empty-body-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });

@@ -63,10 +63,10 @@ const WithdrawView = Type.Object({
   on_chain_slot: Type.Union([Type.Integer(), Type.Null()]),
 });
 
-function amountOf(text: string, param = 'amount'): bigint {
+function amountOf(text: string, param = 'amount', alternative = ''): bigint {
   const amount = parseUsdc(text);
   if (amount === null) {
-    throw new ServiceError('invalid_amount', `${param} must be a positive decimal string of USDC with at most 6 decimals.`, { param });
+    throw new ServiceError('invalid_amount', `${param} must be a positive decimal string of USDC with at most 6 decimals${alternative}.`, { param });
   }
   return amount;
 }
@@ -176,8 +176,13 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     else where.whereSql(`w.status <> 'archived'`);
     if (request.query.tags) {
       const tags = request.query.tags.split(',').map((tag) => tag.trim()).filter(Boolean);
-      if (tags.length > TAGS_MAX || tags.some((tag) => !new RegExp(TAG_PATTERN).test(tag))) {
+      if (tags.length > TAGS_MAX) {
         throw new ServiceError('invalid_request', `tags is a comma-separated list of at most ${TAGS_MAX} tags.`, { param: 'tags' });
+      }
+      const malformed = tags.find((tag) => !new RegExp(TAG_PATTERN).test(tag));
+      if (malformed !== undefined) {
+        throw new ServiceError('invalid_request',
+          `"${malformed}" is not a tag: 1–50 characters of letters, digits and _.:/-, starting with a letter or digit.`, { param: 'tags' });
       }
       where.where((p) => `w.tags @> ${p}::text[]`, tags);
     }
@@ -353,7 +358,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const { orgId } = principalOf(request);
     const { wallet_id: walletId } = request.params;
     assertUsdc(request.body.currency);
-    const amount = request.body.amount === 'all' ? 'all' as const : amountOf(request.body.amount);
+    const amount = request.body.amount === 'all' ? 'all' as const : amountOf(request.body.amount, 'amount', ', or "all" (lowercase) for the whole balance');
     const answer = async (moved: MoveResult) => {
       const { amount: withdrawn, reserve, ...common } = await singleMove(orgId, walletId, moved, 'withdrawal_exceeds_balance');
       return { status: 200, body: { ...common, withdrawn_amount: withdrawn, org_balance: reserve } };

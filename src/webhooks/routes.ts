@@ -20,7 +20,8 @@ const WebhookParams = Type.Object({ webhook_id: Type.String({ maxLength: 64 }) }
 /** Names are checked by the use-case (so the message can list the known ones); the schema only bounds them. */
 const Subscriptions = Type.Union([
   Type.Literal('*'),
-  Type.Array(Type.String({ maxLength: 64 }), { minItems: 1, maxItems: SUBSCRIPTIONS_MAX }),
+  // An empty array is refused by the use-case, whose message says what to send instead.
+  Type.Array(Type.String({ maxLength: 64 }), { maxItems: SUBSCRIPTIONS_MAX }),
 ], { description: '"*" (or ["*"]) for every event, or an array of event names (docs/events.md)' });
 const Url = Type.String({ maxLength: OUTBOUND_URL_LENGTH_MAX, description: 'http(s); not localhost or a private address unless AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS is on' });
 const URL_RULES = 'A `url` that is not http(s), carries credentials, or points at localhost or a non-public address '

@@ -52,6 +52,9 @@ export function normaliseSubscriptions(events: string | readonly string[]): stri
     return [ALL_EVENTS];
   }
   const unknown = names.find((name) => !(EVENT_TYPES as readonly string[]).includes(name));
+  if (unknown === 'ping') {
+    throw invalidRequest('events', '"ping" is the test event: POST /v1/webhooks/{id}/test sends it to any webhook, subscribed or not.');
+  }
   if (unknown !== undefined) {
     throw invalidRequest('events', `Unknown event ${quoted(unknown)}: events is "*" or names among ${EVENT_TYPES.join(', ')}.`);
   }
