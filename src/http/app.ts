@@ -101,6 +101,16 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   });
   app.addHook('onRequest', authenticate(ctx, app.rateLimit()));
   app.addHook('preValidation', async (request) => {
+    // An Idempotency-Key is taken where the body takes `idempotencyKey` (DESIGN §2's list: the
+    // money moves and the creations of wallets and escrows). Elsewhere it would protect nothing
+    // — a retry would run again — so a POST or PATCH with it is refused, as the body field is,
+    // rather than ignored. (GET, PUT and DELETE repeat harmlessly whatever the header.)
+    if (request.headers['idempotency-key'] !== undefined && (request.method === 'POST' || request.method === 'PATCH')
+      && !takesIdempotencyKey(request.routeOptions.schema?.body)) {
+      throw invalidRequest('idempotency_key',
+        'This request does not take an Idempotency-Key: only payments, escrow creation, wallet creation, funding, batch funding '
+          + 'and withdrawals do (docs/decisions.md, "Idempotency"). Send it without the header.');
+    }
     // A POST without a body is an empty object: `POST /v1/payments/:id/approve` needs no fields.
     if (request.body === undefined && request.routeOptions.schema?.body) request.body = {};
     if (request.body && typeof request.body === 'object' && !Array.isArray(request.body)) {
@@ -160,6 +170,12 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
       ...service.details,
     },
   });
+}
+
+/** Whether a route's body schema has the `idempotencyKey` field, and so takes the header too. */
+function takesIdempotencyKey(body: unknown): boolean {
+  return typeof body === 'object' && body !== null
+    && Object.hasOwn((body as { properties?: object }).properties ?? {}, 'idempotencyKey');
 }
 
 /** Every failure becomes one code of the closed list; nothing internal reaches the client. */

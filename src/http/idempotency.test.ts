@@ -121,6 +121,25 @@ describe('idempotency keys', () => {
       (error: ServiceError) => error.code === 'idempotency_conflict' && /new key/.test(error.message));
   });
 
+  test('an Idempotency-Key on a request that does not take one is refused, not ignored; nothing is made', async () => {
+    const headers = { 'idempotency-key': newKey() };
+    const webhooks = async () => (await t.request('GET', '/v1/webhooks?limit=100')).body.data.length;
+    const before = await webhooks();
+    const created = await t.request('POST', '/v1/webhooks', { headers, body: { url: 'https://hooks.example.com/once', events: '*' } });
+    assert.deepEqual([created.status, created.body.error?.code, created.body.error?.param], [400, 'invalid_request', 'idempotency_key']);
+    assert.match(created.body.error.message, /only payments, escrow creation, wallet creation, funding, batch funding and withdrawals/);
+    assert.equal(await webhooks(), before, 'no webhook made');
+    const patched = await t.request('PATCH', '/v1/policies/pol_x', { headers, body: { name: 'x' } });
+    assert.equal(patched.body.error?.param, 'idempotency_key');
+    // Reads repeat harmlessly: the header changes nothing there.
+    assert.equal((await t.request('GET', '/v1/webhooks', { headers })).status, 200);
+    // Where it is taken, it still is.
+    const wallet = await t.request('POST', '/v1/wallets', { headers, body: { agentId: `idem-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });
+    assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
+    const again = await t.request('POST', '/v1/wallets', { headers, body: { agentId: `idem-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });
+    assert.equal(again.headers['idempotency-replayed'], 'true');
+  });
+
   test('expired keys are purged, batch after batch, and can be used again', async () => {
     const keys = [newKey(), newKey(), newKey()];
     for (const key of keys) await runIdempotent(t.service.ctx.db, op(key, 300_000), async () => ({ status: 200, body: { first: true } }));
