@@ -14,6 +14,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
 import { canonicalJson } from '../http/idempotency.ts';
+import { EXPIRY_MARGIN_BLOCKS, reconcilePending } from '../transactions/settlement.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
 import { refundRetryDelayMs } from './escrows.ts';
@@ -789,6 +790,39 @@ describe('escrow', () => {
         assert.equal(event!.severity, 'critical', 'a refund decided by dispute is critical');
       }
     }
+    await assertConserved();
+  });
+
+  test('an arbiter\'s decision lost before the chain kept it (a process that died) is taken back and told; it can be decided again', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const arbiter = await t.createKey('arbiter');
+    const created = (await open(from, to.wallet_id)).body;
+    assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'half done' } })).status, 200);
+    const { chain, db } = t.service.ctx;
+    const submit = chain.submit;
+    // Recorded, never sent: the process died there. Its blockhash's life is made over at once
+    // (as its minute would be), past the reconciler's margin: it can no longer land.
+    chain.submit = async (prepared) => {
+      chain.submit = submit;
+      const over = (await chain.getBlockHeight()) - EXPIRY_MARGIN_BLOCKS - 1n;
+      await db.query('UPDATE transactions SET last_valid_block_height = $2 WHERE tx_signature = $1', [prepared.signature, over]);
+    };
+    const decided = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, {
+      key: arbiter, body: { decision: 'release', waitForConfirmation: false },
+    });
+    chain.submit = submit;
+    assert.deepEqual([decided.status, decided.body.in_flight], [200, 'resolve'], JSON.stringify(decided.body));
+    await reconcilePending(t.service.ctx, 0);
+    const escrow = await escrowOf(created.escrow_id);
+    assert.deepEqual([escrow.status, escrow.in_flight, escrow.resolution], ['disputed', null, null]);
+    const told = (await t.request('GET', `/v1/events?type=escrow.resolve_failed&walletId=${from.wallet_id}`)).body.data;
+    assert.equal(told.length, 1);
+    assert.equal(told[0].severity, 'warning');
+    assert.deepEqual([told[0].details.status, told[0].details.reason, told[0].details.resolution.to_receiver], ['disputed', 'Expired', '4.00']);
+    const again = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: arbiter, body: { decision: 'release' } });
+    assert.equal(again.body.status, 'released', JSON.stringify(again.body));
+    assert.equal(await balanceOf(t, to.wallet_id), '4.50');
     await assertConserved();
   });
 

@@ -30,7 +30,7 @@ import {
 import { evaluate, type Violation } from '../payments/policy-engine.ts';
 import { spendStateOf, spendWindowsFrom, withdrawSpend } from '../payments/spend-state.ts';
 import {
-  EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, registerSettlementRule, type TransactionRow,
+  EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, recordTransactionFailed, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
 import { addressCategories, serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
@@ -796,6 +796,17 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
           timestamp: new Date(nowMs).toISOString(),
         });
     }
+    // An arbiter's decision that did not land (refused, or lost with a process that died before
+    // the chain kept it) is taken back: the escrow waits for a decision again, and both sides and
+    // the arbiter are told, rather than finding the escrow disputed with no trace of it.
+    if (escrow.closing === 'resolve') {
+      await recordEscrowEvent(tx, nowMs, escrow, 'escrow.resolve_failed',
+        `Escrow ${escrow.id}: the arbiter's decision did not take effect on chain (${row.failure_reason ?? 'unknown'}); it is disputed again`, {
+          escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
+          tx_signature: row.tx_signature, reason: row.failure_reason, status: 'disputed', resolution: escrow.resolution,
+          timestamp: new Date(nowMs).toISOString(),
+        });
+    }
   }
   return escrow;
 }
@@ -865,6 +876,7 @@ registerSettlementRule('a2a_send', {
     await tx.query('UPDATE wallets SET balance = balance + $2 WHERE id = $1', [row.wallet_id, row.amount]);
     await withdrawSpend(tx, row.wallet_id!, row.id);
     await finishClosing(tx, nowMs, row, false);
+    await recordTransactionFailed(tx, nowMs, row, `Escrow ${row.escrow_id} of ${formatUsdc(row.amount)} USDC (its lock)`);
   },
 });
 registerSettlementRule('escrow_lock', { confirmed: nothing, failed: nothing });

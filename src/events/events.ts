@@ -12,7 +12,7 @@ export const EVENT_TYPES = [
   'wallet.created', 'wallet.funded', 'wallet.withdrawn', 'wallet.frozen', 'wallet.unfrozen', 'wallet.archived',
   'balance.low', 'policy.created', 'policy.updated', 'policy.deleted', 'policy.expired',
   'escrow.created', 'escrow.completed', 'escrow.released', 'escrow.refunded', 'escrow.disputed', 'escrow.resolved',
-  'escrow.release_failed', 'escrow.dispute_failed', 'org.deposit_confirmed', 'export.ready', 'alert.raised',
+  'escrow.release_failed', 'escrow.dispute_failed', 'escrow.resolve_failed', 'org.deposit_confirmed', 'export.ready', 'alert.raised',
 ] as const;
 export type EventType = (typeof EVENT_TYPES)[number];
 
@@ -35,8 +35,9 @@ export type Severity = 'info' | 'warning' | 'critical';
 
 const WARNING: ReadonlySet<EventType> = new Set<EventType>([
   'balance.low', 'transaction.blocked', 'escrow.disputed', 'policy.expired', 'transaction.failed', 'alert.raised',
-  // a completion's release or a dispute did not land: the escrow is locked again and its timeout runs on
-  'escrow.release_failed', 'escrow.dispute_failed',
+  // a completion's release or a dispute did not land: the escrow is locked again and its timeout runs on;
+  // an arbiter's decision did not land: the escrow is disputed again, to be decided again
+  'escrow.release_failed', 'escrow.dispute_failed', 'escrow.resolve_failed',
   // an operator has to act (approve or reject) before it expires
   'transaction.awaiting_approval',
 ]);

@@ -31,7 +31,8 @@ import {
   recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, serviceAccountSql, type RecipientTarget, type ResolvedRecipient,
 } from '../recipients/recipients.ts';
 import {
-  awaitConfirmation, awaitSettlement, insertTransaction, insertTransactionsSql, registerSettlementRule, type NewTransaction, type TransactionRow,
+  awaitConfirmation, awaitSettlement, insertTransaction, insertTransactionsSql, recordTransactionFailed, registerSettlementRule,
+  type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
 import {
   WALLET_SELECT, archivedError, assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
@@ -821,13 +822,6 @@ registerSettlementRule('payment', {
     // The amount comes back and the spend stops counting: a payment that never happened.
     await tx.query('UPDATE wallets SET balance = balance + $2 WHERE id = $1', [row.wallet_id, row.amount]);
     await withdrawSpend(tx, row.wallet_id!, row.id);
-    await recordEvent(tx, nowMs, {
-      orgId: row.org_id, type: 'transaction.failed', walletId: row.wallet_id,
-      summary: `Payment of ${formatUsdc(row.amount)} USDC to ${row.recipient} failed on chain (${row.failure_reason})`,
-      payload: {
-        wallet_id: row.wallet_id, tx_id: row.id, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
-        recipient: row.recipient, reason: row.failure_reason,
-      },
-    });
+    await recordTransactionFailed(tx, nowMs, row, `Payment of ${formatUsdc(row.amount)} USDC to ${row.recipient}`);
   },
 });

@@ -163,6 +163,22 @@ async function creditReserve(tx: Queryable, orgId: string, amount: bigint): Prom
   return rows[0]!.reserve_balance;
 }
 
+/**
+ * `transaction.failed`, written when a move that was recorded (and answered `pending` to a
+ * client that did not wait) ends failed: the chain refused it, or it never landed. Its amount
+ * is given back by the type's rule. `what` begins the summary ("Payment of 1.00 USDC to …").
+ */
+export async function recordTransactionFailed(tx: Queryable, nowMs: number, row: TransactionRow, what: string): Promise<void> {
+  await recordEvent(tx, nowMs, {
+    orgId: row.org_id, type: 'transaction.failed', walletId: row.wallet_id,
+    summary: `${what} failed on chain (${row.failure_reason}); its amount is back`,
+    payload: {
+      wallet_id: row.wallet_id, tx_id: row.id, type: row.type, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
+      recipient: row.recipient, reason: row.failure_reason, ...(row.escrow_id ? { escrow_id: row.escrow_id } : {}),
+    },
+  });
+}
+
 const RULES: Partial<Record<TransactionType, SettlementRule>> = {
   funding: {
     async confirmed(tx, nowMs, row) {
@@ -177,8 +193,9 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
         },
       });
     },
-    async failed(tx, _nowMs, row) {
+    async failed(tx, nowMs, row) {
       await creditReserve(tx, row.org_id, row.amount);
+      await recordTransactionFailed(tx, nowMs, row, `Funding of ${formatUsdc(row.amount)} USDC from the reserve`);
       // An auto-topup that never ran (its process died before sending it, or it was lost) is
       // tried again at the automation's next tick. One the chain ran and refused keeps its latch:
       // trying it every second would fail the same way. So does a vault topped up since (its
@@ -212,6 +229,7 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
     },
     async failed(tx, nowMs, row) {
       await creditWallet(tx, nowMs, row.wallet_id!, row.amount);
+      await recordTransactionFailed(tx, nowMs, row, `Withdrawal of ${formatUsdc(row.amount)} USDC to the reserve`);
     },
   },
 };

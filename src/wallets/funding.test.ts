@@ -419,6 +419,10 @@ describe('crash recovery', () => {
     const [settled] = await ctx.db.query<{ status: string }>('SELECT status FROM transactions WHERE id = $1', [recorded.id]);
     assert.equal(settled!.status, 'failed');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserveBefore);
+    // Told, as a failed payment is: a client answered `pending` learns how it ended.
+    const failed = (await t.request('GET', `/v1/events?type=transaction.failed&walletId=${wallet.wallet_id}`)).body.data;
+    assert.deepEqual(failed.map((e: { details: Record<string, unknown> }) => [e.details.tx_id, e.details.type, e.details.amount, e.details.reason]),
+      [[recorded.id, 'funding', '1.00', 'Expired']]);
     // The retry learns how it ended: failed (expired unsent), its amount back in the reserve.
     for (let i = 0; i < 2; i += 1) {
       const retried = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '1' }, headers: { 'idempotency-key': key } });
