@@ -59,7 +59,10 @@ export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
         title: 'Agent Vault API',
         version: '1.0.0-beta',
         description: 'Policy-governed USDC vaults on Solana for software agents. Amounts are decimal strings of USDC '
-          + '(at most 6 fractional digits). Errors: see /docs/errors.',
+          + '(at most 6 fractional digits). Errors: see /docs/errors. Request bodies are described in camelCase; every '
+          + 'field is also accepted in snake_case, as SPEC.md writes it (`wallet_id` for `walletId`, `owner_org` for '
+          + '`ownerOrg`), at any depth, and errors name fields in snake_case (`param`). An `Idempotency-Key` header is '
+          + 'taken where it is listed, and refused on other POST and PATCH requests.',
       },
       components: {
         securitySchemes: { apiKey: { type: 'http', scheme: 'bearer', description: 'Authorization: Bearer <API_KEY>' } },

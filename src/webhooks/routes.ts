@@ -4,6 +4,7 @@
  * read the delivery log.
  */
 import { Type } from 'typebox';
+import { EVENT_TYPES } from '../events/events.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
@@ -21,7 +22,7 @@ const WebhookParams = Type.Object({ webhook_id: Type.String({ maxLength: 64 }) }
 const Subscriptions = Type.Union([
   Type.Literal('*'),
   // An empty array is refused by the use-case, whose message says what to send instead.
-  Type.Array(Type.String({ maxLength: 64 }), { maxItems: SUBSCRIPTIONS_MAX }),
+  Type.Array(Type.String({ maxLength: 64, description: `an event name: ${EVENT_TYPES.join(', ')}` }), { maxItems: SUBSCRIPTIONS_MAX }),
 ], { description: '"*" (or ["*"]) for every event, or an array of event names (docs/events.md)' });
 const Url = Type.String({ maxLength: OUTBOUND_URL_LENGTH_MAX, description: 'http(s); not localhost or a private address unless AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS is on' });
 const URL_RULES = 'A `url` that is not http(s), carries credentials, or points at localhost or a non-public address '
