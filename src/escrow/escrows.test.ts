@@ -13,11 +13,12 @@ import { address } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
+import { processClient, sameBlockhash } from '../../test/chain-processes.ts';
 import { canonicalJson } from '../http/idempotency.ts';
 import { EXPIRY_MARGIN_BLOCKS, reconcilePending } from '../transactions/settlement.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
-import { refundRetryDelayMs } from './escrows.ts';
+import { prepareEscrowMove, refundRetryDelayMs } from './escrows.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
 
 const OUTPUT = 'the finished report\n';
@@ -791,6 +792,22 @@ describe('escrow', () => {
       }
     }
     await assertConserved();
+  });
+
+  test('two processes attempting one escrow move with one blockhash make two transactions, not one the chain ran already', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id)).body;
+    const { chain } = t.service.ctx;
+    const [a, b] = [processClient(chain), processClient(chain)];
+    await sameBlockhash(a, b);
+    // A timeout refund the chain refused (its clock behind the service's), tried again by another
+    // process: the same move, the same instructions, the same blockhash.
+    const refund = await chain.escrowRefundIx(created.escrow_id, address(from.chain_address));
+    const [first, retried] = await Promise.all([
+      prepareEscrowMove(a, created.escrow_id, 'refund', [refund]), prepareEscrowMove(b, created.escrow_id, 'refund', [refund]),
+    ]);
+    assert.notEqual(first.signature, retried.signature, 'the retry is a transaction of its own');
   });
 
   test('an arbiter\'s decision lost before the chain kept it (a process that died) is taken back and told; it can be decided again', async () => {

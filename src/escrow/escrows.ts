@@ -14,7 +14,8 @@
  * a release writes `escrow_release` (the escrow pays out) and, when the receiver is a vault of
  * this service, `a2a_receive` on it; a refund writes `escrow_refund`; a split writes the legs it has.
  */
-import { address, type Address, type Signature } from '@solana/kit';
+import { randomBytes } from 'node:crypto';
+import { address, type Address, type Instruction, type Signature } from '@solana/kit';
 import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
@@ -101,6 +102,20 @@ export async function getEscrow(q: Queryable, orgId: string, escrowId: string, o
     [escrowId, orgId]);
   if (!row) throw escrowNotFound(escrowId);
   return row;
+}
+
+/**
+ * Prepares one attempt at an escrow's move. Its memo names the escrow and the move, and is new to
+ * each attempt: another process retrying a move the chain refused (a timeout refund the chain's
+ * clock was behind for), holding the same blockhash, would otherwise build the refused
+ * transaction byte for byte, which the chain answers with the old refusal without running it.
+ * (`chain.prepare` guards against that within one process only: its memory.)
+ */
+export async function prepareEscrowMove(
+  chain: Pick<AppContext['chain'], 'prepare'>, escrowId: string, move: 'release' | 'refund' | 'dispute' | 'resolve',
+  instructions: readonly Instruction[],
+): Promise<PreparedTransaction> {
+  return chain.prepare([referenceMemoIx(`${escrowId}:${move}:${randomBytes(6).toString('base64url')}`), ...instructions]);
 }
 
 /**
@@ -415,9 +430,7 @@ export async function completeEscrow(
   const before = await getEscrow(ctx.db, orgId, escrowId);
   assertCompletable(before, ctx.clock.nowMs());
   await verifyProof(ctx.db, ctx.clock.nowMs(), before, proof, { callerOrgId: orgId, allowPrivate: ctx.config.allowPrivateWebhooks });
-  const prepared = await ctx.chain.prepare([
-    referenceMemoIx(`${escrowId}:release`), await ctx.chain.escrowReleaseIx(escrowId, address(before.receiver_address)),
-  ]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'release', [await ctx.chain.escrowReleaseIx(escrowId, address(before.receiver_address))]);
   await ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
@@ -543,9 +556,7 @@ export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disput
 async function refundExpired(ctx: Ctx, orgId: string, escrowId: string): Promise<PreparedTransaction | null> {
   const escrow = await getEscrow(ctx.db, orgId, escrowId);
   const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [escrow.from_wallet_id]);
-  const prepared = await ctx.chain.prepare([
-    referenceMemoIx(`${escrowId}:refund`), await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address)),
-  ]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'refund', [await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address))]);
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const locked = await lockEscrow(tx, orgId, escrowId);
@@ -577,7 +588,7 @@ export async function disputeEscrow(
 ): Promise<EscrowRow> {
   const before = await getEscrow(ctx.db, orgId, escrowId);
   assertCompletable(before, ctx.clock.nowMs());
-  const prepared = await ctx.chain.prepare([referenceMemoIx(`${escrowId}:dispute`), await ctx.chain.escrowDisputeIx(escrowId)]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'dispute', [await ctx.chain.escrowDisputeIx(escrowId)]);
   await ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
@@ -694,7 +705,7 @@ export async function resolveEscrow(
   const payout = split.toReceiver === 0n
     ? await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address), true)
     : await ctx.chain.escrowResolveIx(escrowId, address(before.receiver_address), address(sender!.chain_address), split);
-  const prepared = await ctx.chain.prepare([referenceMemoIx(`${escrowId}:resolve`), payout]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'resolve', [payout]);
   await ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);

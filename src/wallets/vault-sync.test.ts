@@ -11,13 +11,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
-import { ChainClient, referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
+import { ChainClient, type PreparedTransaction } from '../chain/client.ts';
 import { quoteIdentifier, type Queryable } from '../db/database.ts';
 import { insertApiKey } from '../organizations/organizations.ts';
 import type { Service } from '../server.ts';
 import { onDatabase, startTestService, type TestService } from '../../test/harness.ts';
 import { unique } from '../../test/fixtures.ts';
 import { startSharedChain } from '../../test/shared-chain.ts';
+import { processClient, sameBlockhash } from '../../test/chain-processes.ts';
 import { syncPendingWallets, updateWallet, type UpdateWalletInput } from './wallets.ts';
 
 type Ctx = Service['ctx'];
@@ -26,25 +27,6 @@ async function rowOf(db: Queryable, walletId: string) {
   const [row] = await db.query<{ status: string; policy_id: string; chain_status: string; sync_holder: string | null }>(
     'SELECT status, policy_id, chain_status, sync_holder FROM wallets WHERE id = $1', [walletId]);
   return row!;
-}
-
-/**
- * A second process's chain client on the same chain and operator key: its own blockhash cache
- * and its own memory of the signatures it prepared, which is all that tells two processes apart
- * on the chain side.
- */
-function processClient(chain: ChainClient): ChainClient {
-  return new ChainClient({
-    rpc: chain.rpc, programId: chain.programId, usdcMint: chain.usdcMint, operator: chain.operator, arbiter: chain.arbiter,
-    embedded: chain.embedded, pollIntervalMs: 10,
-  });
-}
-
-/** Both clients now hold the same blockhash: the same instructions would make the same signature. */
-async function sameBlockhash(a: ChainClient, b: ChainClient): Promise<void> {
-  const warm = [referenceMemoIx(`warm-${randomBytes(4).toString('hex')}`)];
-  const [fromA, fromB] = await Promise.all([a.prepare(warm), b.prepare(warm)]);
-  assert.equal(fromA.signature, fromB.signature, 'precondition: both processes hold one blockhash');
 }
 
 /**
