@@ -9,7 +9,7 @@ import { createHash } from 'node:crypto';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
-import { address } from '@solana/kit';
+import { address, type Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
@@ -810,6 +810,32 @@ describe('escrow', () => {
     assert.notEqual(first.signature, retried.signature, 'the retry is a transaction of its own');
   });
 
+  test('a release lost before the chain kept it (a process that died) is sent again while it can land; the receiver is paid', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    chain.submit = async () => { chain.submit = submit; }; // recorded and answered, never sent: the process died there
+    const completed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+      body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report`, waitForConfirmation: false },
+    });
+    chain.submit = submit;
+    assert.deepEqual([completed.body.status, completed.body.in_flight], ['completed', 'release'], JSON.stringify(completed.body));
+    await tick();
+    assert.equal((await escrowOf(created.escrow_id)).in_flight, 'release', 'not sent again at once: the request may still be sending it');
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 3 } });
+    await tick(); // sent again
+    const [row] = await t.service.ctx.db.query<{ closing_signature: string }>('SELECT closing_signature FROM escrows WHERE id = $1', [created.escrow_id]);
+    await chain.waitForOutcome(row!.closing_signature as Signature, 10_000);
+    await reconcilePending(t.service.ctx, 0);
+    const escrow = await escrowOf(created.escrow_id);
+    assert.deepEqual([escrow.status, escrow.in_flight], ['released', null]);
+    assert.equal(await balanceOf(t, to.wallet_id), '4.50');
+    assert.equal(await chainBalance(to.chain_address), 4_500_000n);
+    await assertConserved();
+  });
+
   test('an arbiter\'s decision lost before the chain kept it (a process that died) is taken back and told; it can be decided again', async () => {
     const from = await fundedWallet(t, '10');
     const to = await fundedWallet(t, '0.5');
@@ -824,6 +850,7 @@ describe('escrow', () => {
       chain.submit = submit;
       const over = (await chain.getBlockHeight()) - EXPIRY_MARGIN_BLOCKS - 1n;
       await db.query('UPDATE transactions SET last_valid_block_height = $2 WHERE tx_signature = $1', [prepared.signature, over]);
+      await db.query('UPDATE escrows SET closing_valid_height = $2 WHERE closing_signature = $1', [prepared.signature, over]);
     };
     const decided = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, {
       key: arbiter, body: { decision: 'release', waitForConfirmation: false },
@@ -1086,7 +1113,8 @@ describe('escrow', () => {
       assert.ok(['released', 'disputed'].includes(final.status), `one terminal or dispute state, not ${final.status}`);
     }
     const racing = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 60 })).body;
-    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 60 } });
+    // The timeout and the second it was rounded up to: at its expiry.
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 61 } });
     const [complete] = await Promise.all([
       t.request('POST', `/v1/payments/a2a/${racing.escrow_id}/complete`, { body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report` } }),
       tick(),

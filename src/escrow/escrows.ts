@@ -350,11 +350,11 @@ export async function createEscrow(
       await tx.query(
         `INSERT INTO escrows (id, org_id, from_wallet_id, to_wallet, receiver_address, to_wallet_id, receiver_org_id, amount,
            status, closing, closing_signature, closing_valid_height, chain_address, token_address, task_description, task_hash,
-           expected_output_hash, verifier_id, lock_signature, expires_at, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'locked', 'create', $9, $10, $11, $12, $13, $14, $15, $16, $9, $17, $18, $18)`,
+           expected_output_hash, verifier_id, lock_signature, expires_at, created_at, updated_at, closing_wire)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'locked', 'create', $9, $10, $11, $12, $13, $14, $15, $16, $9, $17, $18, $18, $19)`,
         [escrowId, orgId, wallet.id, input.toWallet, receiver.address, receiver.walletId, receiver.orgId, input.amount,
           prepared.signature, prepared.lastValidBlockHeight, escrowAddress, escrowToken, input.taskDescription, taskHash,
-          input.expectedOutputHash, input.verifierId, new Date(Number(expiresAtSeconds) * 1000), now]);
+          input.expectedOutputHash, input.verifierId, new Date(Number(expiresAtSeconds) * 1000), now, prepared.wire]);
       const send = await insertTransaction(tx, recordedMs, {
         id: sendTxId, orgId, walletId: wallet.id, type: 'a2a_send', amount: input.amount, recipient: input.toWallet,
         policyId: wallet.policy_id, attestationHash: attestation, signature: prepared.signature,
@@ -450,8 +450,8 @@ export async function completeEscrow(
     await recheckProofLocked(tx, nowMs, escrow, proof);
     await tx.query(
       `UPDATE escrows SET status = 'completed', closing = 'release', closing_signature = $2, closing_valid_height = $3,
-         proof_type = $4, output_url = $5, completed_at = $6, updated_at = $6 WHERE id = $1`,
-      [escrowId, prepared.signature, prepared.lastValidBlockHeight, proof.proofType, proof.outputUrl, new Date(nowMs)]);
+         proof_type = $4, output_url = $5, completed_at = $6, updated_at = $6, closing_wire = $7 WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, proof.proofType, proof.outputUrl, new Date(nowMs), prepared.wire]);
     await recordPayout(tx, nowMs, escrow, prepared, escrow.amount, 0n);
     await recordEscrowEvent(tx, nowMs, escrow, 'escrow.completed',
       `Escrow ${escrow.id}: completion proof (${proof.proofType}) verified; releasing ${formatUsdc(escrow.amount)} USDC`, {
@@ -549,7 +549,31 @@ export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disput
   }
   // Sent one after the other, settled together: a slot confirms them all.
   await Promise.all(sent.map((prepared) => submit(ctx, prepared, true)));
+  await resendInFlight(ctx);
   return { refunding: sent.length, disputesSettled: await settleDisputes(ctx) };
+}
+
+/** A move in flight for this long (service clock) is sent again at each tick while it can land. */
+export const RESEND_AFTER_MS = 2_000;
+
+/**
+ * Sends again, as signed, every escrow move in flight for `RESEND_AFTER_MS` whose blockhash still
+ * lets it land: the chain may not have kept it (a process that died before its embedded
+ * validator saved the slot, a cluster node that dropped it). The same bytes, so the chain runs a
+ * move at most once; one it ran already answers as before. Without this a lost release waited
+ * out its blockhash and failed, and an escrow past its expiry by then was refunded although its
+ * completion had been accepted.
+ */
+async function resendInFlight(ctx: Ctx): Promise<void> {
+  const height = await ctx.chain.getBlockHeight();
+  const inFlight = await ctx.db.query<{ id: string; closing_signature: string; closing_wire: string; closing_valid_height: bigint }>(
+    `SELECT id, closing_signature, closing_wire, closing_valid_height FROM escrows
+     WHERE closing IS NOT NULL AND closing_wire IS NOT NULL AND updated_at <= $1 AND closing_valid_height >= $2
+     ORDER BY updated_at LIMIT ${TICK_BATCH_MAX}`, [new Date(ctx.clock.nowMs() - RESEND_AFTER_MS), height]);
+  await Promise.all(inFlight.map((row) => ctx.chain.submit({
+    signature: row.closing_signature as Signature, wire: row.closing_wire as PreparedTransaction['wire'],
+    lastValidBlockHeight: row.closing_valid_height,
+  }).catch((error: unknown) => ctx.log.warn({ err: error, escrowId: row.id }, 'sending an escrow move again failed; tried at the next tick'))));
 }
 
 /** Records the refund of an expired escrow; returns its chain transaction to send, or null when it is not due. */
@@ -563,8 +587,9 @@ async function refundExpired(ctx: Ctx, orgId: string, escrowId: string): Promise
     if (locked.status !== 'locked' || locked.closing !== null || nowMs < locked.expires_at.getTime()) return null;
     if (locked.refund_retry_at !== null && nowMs < locked.refund_retry_at.getTime()) return null;
     await tx.query(
-      `UPDATE escrows SET closing = 'refund', closing_signature = $2, closing_valid_height = $3, updated_at = $4 WHERE id = $1`,
-      [escrowId, prepared.signature, prepared.lastValidBlockHeight, new Date(nowMs)]);
+      `UPDATE escrows SET closing = 'refund', closing_signature = $2, closing_valid_height = $3, updated_at = $4, closing_wire = $5
+       WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, new Date(nowMs), prepared.wire]);
     await recordPayout(tx, nowMs, locked, prepared, 0n, locked.amount);
     return prepared;
   });
@@ -599,9 +624,9 @@ export async function disputeEscrow(
       raised_by_org: orgId, raised_by_key: keyId, reason: input.reason, evidence: input.evidence, raised_at: new Date(nowMs).toISOString(),
     };
     await tx.query(
-      `UPDATE escrows SET closing = 'dispute', closing_signature = $2, closing_valid_height = $3, dispute = $4, updated_at = $5
-       WHERE id = $1`,
-      [escrowId, prepared.signature, prepared.lastValidBlockHeight, JSON.stringify(dispute), new Date(nowMs)]);
+      `UPDATE escrows SET closing = 'dispute', closing_signature = $2, closing_valid_height = $3, dispute = $4, updated_at = $5,
+         closing_wire = $6 WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, JSON.stringify(dispute), new Date(nowMs), prepared.wire]);
   });
   try {
     await ctx.chain.submit(prepared);
@@ -630,7 +655,7 @@ async function settleDispute(db: Database, nowMs: number, escrowId: string, sign
     if (!escrow) return;
     if (error !== null) {
       await tx.query(
-        `UPDATE escrows SET closing = NULL, closing_signature = NULL, closing_valid_height = NULL, dispute = NULL, updated_at = $2
+        `UPDATE escrows SET closing = NULL, closing_signature = NULL, closing_wire = NULL, closing_valid_height = NULL, dispute = NULL, updated_at = $2
          WHERE id = $1`, [escrowId, new Date(nowMs)]);
       // Told, as a refused release is: the party that disputed learns no arbiter will decide it.
       await recordEscrowEvent(tx, nowMs, escrow, 'escrow.dispute_failed',
@@ -642,7 +667,7 @@ async function settleDispute(db: Database, nowMs: number, escrowId: string, sign
       return;
     }
     await tx.query(
-      `UPDATE escrows SET status = 'disputed', closing = NULL, closing_signature = NULL, closing_valid_height = NULL, updated_at = $2
+      `UPDATE escrows SET status = 'disputed', closing = NULL, closing_signature = NULL, closing_wire = NULL, closing_valid_height = NULL, updated_at = $2
        WHERE id = $1`, [escrowId, new Date(nowMs)]);
     const payload = {
       escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
@@ -716,9 +741,9 @@ export async function resolveEscrow(
       decided_at: new Date(nowMs).toISOString(),
     };
     await tx.query(
-      `UPDATE escrows SET closing = 'resolve', closing_signature = $2, closing_valid_height = $3, resolution = $4, updated_at = $5
-       WHERE id = $1`,
-      [escrowId, prepared.signature, prepared.lastValidBlockHeight, JSON.stringify(resolution), new Date(nowMs)]);
+      `UPDATE escrows SET closing = 'resolve', closing_signature = $2, closing_valid_height = $3, resolution = $4, updated_at = $5,
+         closing_wire = $6 WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, JSON.stringify(resolution), new Date(nowMs), prepared.wire]);
     await recordPayout(tx, nowMs, escrow, prepared, split.toReceiver, split.toSender);
   });
   await submit(ctx, prepared, options.wait);
@@ -770,7 +795,7 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
     const status = escrow.closing === 'create' ? 'locked' : statusAfterPayout(escrow);
     const settledAt = escrow.closing === 'create' ? null : now;
     await tx.query(
-      `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_valid_height = NULL, updated_at = $3,
+      `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_wire = NULL, closing_valid_height = NULL, updated_at = $3,
          settled_at = $4, settle_signature = CASE WHEN $4::timestamptz IS NULL THEN settle_signature ELSE $5 END WHERE id = $1`,
       [escrow.id, status, now, settledAt, row.tx_signature]);
     await writeClosingEvents(tx, nowMs, escrow, status, row.tx_signature!);
@@ -789,7 +814,7 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
     // A refused release also takes back what its completion set: the escrow is locked again, with
     // no proof that took effect.
     await tx.query(
-      `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_valid_height = NULL,
+      `UPDATE escrows SET status = $2, closing = NULL, closing_signature = NULL, closing_wire = NULL, closing_valid_height = NULL,
          resolution = CASE WHEN closing = 'resolve' THEN NULL ELSE resolution END, updated_at = $3,
          completed_at = CASE WHEN closing = 'release' THEN NULL ELSE completed_at END,
          proof_type = CASE WHEN closing = 'release' THEN NULL ELSE proof_type END,
