@@ -35,6 +35,7 @@ import {
 } from '../transactions/settlement.ts';
 import { addressCategories, serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
+import { backoffMs } from '../workers/backoff.ts';
 import {
   assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
 } from '../wallets/wallets.ts';
@@ -854,7 +855,7 @@ const REFUND_RETRY_MAX_MS = 60 * 60 * 1000;
 const REFUND_FAILURES_WARNED = 5;
 
 export function refundRetryDelayMs(failures: number): number {
-  return Math.min(REFUND_RETRY_MAX_MS, REFUND_RETRY_FIRST_MS * 2 ** Math.min(30, Math.max(0, failures - 1)));
+  return backoffMs(failures, REFUND_RETRY_FIRST_MS, REFUND_RETRY_MAX_MS);
 }
 
 /**

@@ -1,6 +1,6 @@
 /**
  * Creating an organisation: its admin key is shown even when its setup on chain fails (an
- * operator key without SOL on a real cluster), and the next start finishes that setup.
+ * operator key without SOL on a real cluster), and the organizations.setup job or the next start finishes that setup.
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -19,7 +19,7 @@ import { quoteIdentifier } from '../db/database.ts';
 import { buildService, type Service } from '../server.ts';
 import { operatorCommand } from '../cli.ts';
 import { createOrganizationCommand } from './command.ts';
-import { bootstrapOrganizations, createOrganization } from './organizations.ts';
+import { bootstrapOrganizations, createOrganization, setUpPendingOrganizations } from './organizations.ts';
 
 describe('creating an organisation', () => {
   let t: TestService;
@@ -42,6 +42,31 @@ describe('creating an organisation', () => {
     assert.equal(org.body.org_id, orgId);
     const [row] = await t.service.ctx.db.query<{ chain_status: string }>('SELECT chain_status FROM organizations WHERE id = $1', [orgId]);
     assert.equal(row!.chain_status, 'ready', 'set up on chain by the next start');
+  });
+
+  test('a pending organisation is set up by the organizations.setup job, later and later after failures, without a restart', async () => {
+    let shown: { orgId: string; key: string } | null = null;
+    await assert.rejects(createOrganization({ ...t.service.ctx, chain: unfundedChain() }, {
+      name: 'Set up later', onCreated: (orgId, key) => { shown = { orgId, key: key.key }; },
+    }));
+    const { orgId, key } = shown as unknown as { orgId: string; key: string };
+    const statusOf = async () => (await t.service.ctx.db.query<{ chain_status: string; setup_failures: number }>(
+      'SELECT chain_status, setup_failures FROM organizations WHERE id = $1', [orgId]))[0]!;
+    const wallet = () => t.request('POST', '/v1/wallets', { key, body: { agentId: `later-${orgId}`, label: 'x', policyId: 'pol_moderate' } });
+    assert.equal((await wallet()).status, 503, 'refused while pending');
+    const advance = (seconds: number) => t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds } });
+    const unfunded = { ...t.service.ctx, chain: unfundedChain() };
+
+    assert.equal(await setUpPendingOrganizations(unfunded), 0);
+    assert.deepEqual(await statusOf(), { chain_status: 'pending', setup_failures: 0 }, 'its creator\'s to set up for its first 15 s');
+    await advance(15);
+    assert.equal(await setUpPendingOrganizations(unfunded), 0);
+    assert.deepEqual(await statusOf(), { chain_status: 'pending', setup_failures: 1 }, 'the operator key still cannot pay');
+    assert.equal(await setUpPendingOrganizations(t.service.ctx), 0, 'not tried again before its back-off');
+    await advance(15);
+    assert.equal(await setUpPendingOrganizations(t.service.ctx), 1);
+    assert.equal((await statusOf()).chain_status, 'ready');
+    assert.equal((await wallet()).status, 200, 'the tenant\'s retry succeeds');
   });
 
   test('agent-vault org create prints the key in its error when the chain setup fails', async () => {

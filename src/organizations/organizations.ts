@@ -12,6 +12,7 @@ import { newId } from '../ids/ids.ts';
 import { decodeReserve, type ReserveAccount } from '../chain/program.ts';
 import { sameLimits } from '../policies/policies.ts';
 import { PRESETS, chainLimitsOf } from '../policies/presets.ts';
+import { backoffMs } from '../workers/backoff.ts';
 
 export interface OrganizationRow {
   id: string;
@@ -103,6 +104,39 @@ export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 
     await tx.query(`UPDATE organizations SET chain_status = 'ready' WHERE id = $1`, [orgId]);
     await tx.query(`UPDATE policies SET chain_status = 'ready' WHERE org_id = $1 AND is_preset`, [orgId]);
   });
+}
+
+/** After the first failed setup, the job tries again in 15 s, then twice as long each time, at most an hour. */
+const SETUP_RETRY_FIRST_MS = 15_000;
+const SETUP_RETRY_MAX_MS = 60 * 60 * 1000;
+/** Pending organisations the job tries per run. */
+const SETUP_BATCH = 20;
+
+/**
+ * The `organizations.setup` job: sets up on chain each organisation still `pending` whose next
+ * try is due (one created a moment ago by `org create` is its own creator's to set up first).
+ * A failure is logged and tried again later and later; a start tries them all at once.
+ * Returns how many were set up.
+ */
+export async function setUpPendingOrganizations(ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>): Promise<number> {
+  const nowMs = ctx.clock.nowMs();
+  const due = await ctx.db.query<{ id: string; setup_failures: number }>(
+    `SELECT id, setup_failures FROM organizations WHERE chain_status = 'pending'
+       AND COALESCE(setup_retry_at, created_at + make_interval(secs => $2)) <= $1
+     ORDER BY id LIMIT ${SETUP_BATCH}`, [new Date(nowMs), SETUP_RETRY_FIRST_MS / 1000]);
+  let done = 0;
+  for (const { id, setup_failures: failures } of due) {
+    try {
+      await provisionOrganizationOnChain(ctx, id);
+      done += 1;
+    } catch (error) {
+      const retryAt = new Date(ctx.clock.nowMs() + backoffMs(failures + 1, SETUP_RETRY_FIRST_MS, SETUP_RETRY_MAX_MS));
+      await ctx.db.query('UPDATE organizations SET setup_failures = $2, setup_retry_at = $3 WHERE id = $1 AND chain_status = \'pending\'',
+        [id, failures + 1, retryAt]);
+      ctx.log.error({ err: error, orgId: id, retryAt }, 'organisation not set up on chain; tried again later (docs/operations.md, "An organisation stays pending")');
+    }
+  }
+  return done;
 }
 
 /**

@@ -20,6 +20,7 @@ import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
+import { backoffMs } from '../workers/backoff.ts';
 import { formatUsdc } from '../money/money.ts';
 import { newSessionAuthority, tokenMatches } from './session-token.ts';
 import { balanceMatchingChain, inFlightSql, openEscrowSql } from './unrecorded.ts';
@@ -481,7 +482,7 @@ const SYNC_RETRY_MAX_MS = 60 * 60 * 1000;
 const SYNC_FAILURES_WARNED = 5;
 
 export function syncRetryDelayMs(failures: number): number {
-  return Math.min(SYNC_RETRY_MAX_MS, SYNC_RETRY_FIRST_MS * 2 ** Math.min(30, Math.max(0, failures - 1)));
+  return backoffMs(failures, SYNC_RETRY_FIRST_MS, SYNC_RETRY_MAX_MS);
 }
 
 /** A pass's end: the chain refused (why), or the vault as read after its sends agrees with the row or not. */

@@ -7,6 +7,7 @@ import { deleteExpiredEvents } from '../events/events.ts';
 import { buildDueExports, expireExports } from '../exports/exports.ts';
 import { purgeExpiredKeys } from '../http/idempotency.ts';
 import { detectDeposits } from '../organizations/deposit-detector.ts';
+import { setUpPendingOrganizations } from '../organizations/organizations.ts';
 import { syncPendingPolicies } from '../policies/policies.ts';
 import { expireApprovals } from '../payments/payments.ts';
 import { reconcilePending } from '../transactions/settlement.ts';
@@ -89,6 +90,8 @@ export const JOBS: readonly Job[] = [
     run: async (ctx) => { await purgeExpiredKeys(ctx.db, ctx.clock.nowMs()); },
   },
   { name: 'deposits.detect', intervalMs: 2_000, timeoutMs: 20_000, run: async (ctx) => { await detectDeposits(ctx); } },
+  // Organisations still pending on chain (a setup that did not land): tried again, later and later.
+  { name: 'organizations.setup', intervalMs: 5_000, timeoutMs: 60_000, run: async (ctx) => { await setUpPendingOrganizations(ctx); } },
   // Transaction exports: built in the background; files deleted when they expire (docs/exports.md).
   { name: 'exports.build', intervalMs: 1_000, timeoutMs: 30 * 60_000, run: async (ctx) => { await buildDueExports(ctx); } },
   { name: 'exports.expire', intervalMs: 60_000, timeoutMs: 60_000, run: async (ctx) => { await expireExports(ctx.db, ctx.clock.nowMs()); } },
