@@ -1131,6 +1131,44 @@ describe('escrow', () => {
     await assertConserved();
   });
 
+  test('the receiving side declines an escrow it never asked for: refunded at once, budgets back, its vault free to archive', async () => {
+    const from = await fundedWallet(t, '10');
+    const other = await t.createOrganization();
+    const theirs = (await t.request('POST', '/v1/wallets', { key: other.adminKey, body: { agentId: unique('target'), label: 'Target', policyId: 'pol_permissive' } })).body;
+    const created = (await open(from, theirs.chain_address)).body;
+    assert.equal(created.status, 'locked', JSON.stringify(created));
+    const decline = (key?: string) => t.request('POST', `/v1/payments/a2a/${created.escrow_id}/decline`, { key, body: {} });
+    assert.equal((await t.request('DELETE', `/v1/wallets/${theirs.wallet_id}`, { key: other.adminKey })).status, 422, 'an open escrow pays it');
+
+    const byRequester = await decline();
+    assert.deepEqual([byRequester.status, byRequester.body.error?.code], [403, 'insufficient_permissions'], 'the requester cannot take it back');
+    const declined = await decline(other.adminKey);
+    assert.deepEqual([declined.status, declined.body.status, declined.body.in_flight], [200, 'refunded', null], JSON.stringify(declined.body));
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00', 'the requester has it back');
+    assert.equal(await chainBalance(from.chain_address), 10_000_000n);
+    assert.equal((await t.request('GET', `/v1/wallets/${from.wallet_id}`)).body.spending.day.spent, '0.00', 'and its budget');
+    for (const [key, walletId] of [[undefined, from.wallet_id], [other.adminKey, theirs.wallet_id]] as const) {
+      await t.settled();
+      const refunded = (await t.request('GET', `/v1/events?type=escrow.refunded&walletId=${walletId}`, { key })).body.data;
+      assert.deepEqual(refunded.map((e: { details: { reason: string }; severity: string }) => [e.details.reason, e.severity]), [['declined', 'info']]);
+    }
+    assert.equal((await decline(other.adminKey)).body.error.code, 'escrow_already_settled');
+    assert.equal((await t.request('DELETE', `/v1/wallets/${theirs.wallet_id}`, { key: other.adminKey })).status, 200, 'archived');
+    await assertConserved();
+
+    // Within one organisation: an agent declines through the receiving vault's token, not the paying one's.
+    const to = await fundedWallet(t, '0.5');
+    const mine = (await open(from, to.wallet_id)).body;
+    const agent = await t.createKey('agent');
+    const tokenOf = async (walletId: string) => (await t.request('POST', `/v1/wallets/${walletId}/rotate-token`)).body.session_token;
+    const asAgent = async (walletId: string) => t.request('POST', `/v1/payments/a2a/${mine.escrow_id}/decline`,
+      { key: agent, headers: { 'session-token': await tokenOf(walletId) }, body: {} });
+    assert.equal((await asAgent(from.wallet_id)).status, 403, 'the paying vault\'s agent cannot');
+    assert.equal((await asAgent(to.wallet_id)).body.status, 'refunded');
+    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    await assertConserved();
+  });
+
   test('a malformed toWallet is refused before the idempotency key is taken: corrected, the same key locks', async () => {
     const from = await fundedWallet(t, '10');
     const to = await fundedWallet(t, '0.5');

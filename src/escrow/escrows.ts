@@ -45,7 +45,7 @@ type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
 
 export const ESCROW_STATUSES = ['locked', 'completed', 'released', 'refunded', 'disputed', 'resolved', 'failed'] as const;
 export type EscrowStatus = (typeof ESCROW_STATUSES)[number];
-type Closing = 'create' | 'release' | 'refund' | 'dispute' | 'resolve';
+type Closing = 'create' | 'release' | 'refund' | 'dispute' | 'resolve' | 'decline';
 
 export const TIMEOUT_SECONDS_DEFAULT = 3600;
 export const TIMEOUT_SECONDS_MIN = 60;
@@ -113,7 +113,7 @@ export async function getEscrow(q: Queryable, orgId: string, escrowId: string, o
  * (`chain.prepare` guards against that within one process only: its memory.)
  */
 export async function prepareEscrowMove(
-  chain: Pick<AppContext['chain'], 'prepare'>, escrowId: string, move: 'release' | 'refund' | 'dispute' | 'resolve',
+  chain: Pick<AppContext['chain'], 'prepare'>, escrowId: string, move: Closing,
   instructions: readonly Instruction[],
 ): Promise<PreparedTransaction> {
   return chain.prepare([referenceMemoIx(`${escrowId}:${move}:${randomBytes(6).toString('base64url')}`), ...instructions]);
@@ -151,7 +151,7 @@ function expired(row: EscrowRow): ServiceError {
 
 /** A move in flight: one at a time. */
 const IN_FLIGHT: Record<Closing, string> = {
-  create: 'created', release: 'released', refund: 'refunded', dispute: 'disputed', resolve: 'resolved',
+  create: 'created', release: 'released', refund: 'refunded', dispute: 'disputed', resolve: 'resolved', decline: 'refunded',
 };
 
 /**
@@ -597,6 +597,56 @@ async function refundExpired(ctx: Ctx, orgId: string, escrowId: string): Promise
 }
 
 // ---------------------------------------------------------------------------------------------
+// Decline
+
+/**
+ * The receiving side turns a locked escrow down: the requester has its money back at once, as at
+ * its timeout, instead of when it expires; a vault that never asked for the work need not wait
+ * up to 30 days to be archived. Signed by the service's arbiter key, the one key the program lets
+ * refund before the expiry. Only the receiving organisation (an agent: with the receiving vault's
+ * token), only a locked escrow with no move in flight, only before its expiry (the timeout
+ * refunds it then).
+ */
+export async function declineEscrow(
+  ctx: Ctx, orgId: string, escrowId: string, options: { wait: boolean; session: PartySession | null; keyId: string },
+): Promise<EscrowRow> {
+  const before = await getEscrow(ctx.db, orgId, escrowId);
+  assertDeclinable(before, orgId, options.session, ctx.clock.nowMs());
+  const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [before.from_wallet_id]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'decline',
+    [await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address), true)]);
+  await ctx.db.transaction(async (tx) => {
+    const nowMs = ctx.clock.nowMs();
+    const escrow = await lockEscrow(tx, orgId, escrowId);
+    assertDeclinable(escrow, orgId, options.session, nowMs);
+    await assertActingKeyLive(tx, orgId, options.keyId);
+    if (options.session) {
+      await lockEscrowVaults(tx, [escrow.from_wallet_id, escrow.to_wallet_id].map((id): VaultLock => ({
+        id, strength: id === options.session!.walletId ? 'SHARE' : 'KEY SHARE',
+      })));
+      await assertSessionCurrent(tx, options.session, nowMs);
+    }
+    await tx.query(
+      `UPDATE escrows SET closing = 'decline', closing_signature = $2, closing_valid_height = $3, updated_at = $4, closing_wire = $5
+       WHERE id = $1`,
+      [escrowId, prepared.signature, prepared.lastValidBlockHeight, new Date(nowMs), prepared.wire]);
+    await recordPayout(tx, nowMs, escrow, prepared, 0n, escrow.amount);
+  });
+  await submit(ctx, prepared, options.wait);
+  return getEscrow(ctx.db, orgId, escrowId);
+}
+
+function assertDeclinable(escrow: EscrowRow, orgId: string, session: PartySession | null, nowMs: number): void {
+  if (escrow.receiver_org_id !== orgId || (session !== null && session.walletId !== escrow.to_wallet_id)) {
+    throw new ServiceError('insufficient_permissions',
+      `Only the receiving side declines escrow ${escrow.id}: the organisation of its receiving vault, or an agent with that vault's token.`);
+  }
+  if (escrow.closing !== null && escrow.status === 'locked') throw busy(escrow);
+  if (escrow.status !== 'locked') throw alreadySettled(escrow);
+  if (nowMs >= escrow.expires_at.getTime()) throw expired(escrow);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dispute and resolution
 
 export interface DisputeInput {
@@ -775,7 +825,7 @@ function assertResolvable(escrow: EscrowRow, split: Resolution): void {
 /** The escrow's final status after its payout landed. */
 function statusAfterPayout(escrow: EscrowRow): EscrowStatus {
   if (escrow.closing === 'release') return 'released';
-  if (escrow.closing === 'refund') return 'refunded';
+  if (escrow.closing === 'refund' || escrow.closing === 'decline') return 'refunded';
   const toReceiver = escrow.resolution?.to_receiver ?? '0.00';
   const toSender = escrow.resolution?.to_sender ?? '0.00';
   if (Number(toSender) === 0) return 'released';
@@ -893,9 +943,10 @@ async function writeClosingEvents(tx: Queryable, nowMs: number, escrow: EscrowRo
     await both('escrow.released', `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC released to ${escrow.to_wallet}`, { ...base, ...resolution });
   } else if (status === 'refunded') {
     const afterDispute = escrow.closing === 'resolve';
+    const reason = afterDispute ? 'dispute' : escrow.closing === 'decline' ? 'declined' : 'timeout';
     await both('escrow.refunded',
-      `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC refunded to ${escrow.from_wallet_id}${afterDispute ? ' after a dispute' : ' (timeout)'}`,
-      { ...base, reason: afterDispute ? 'dispute' : 'timeout', after_dispute: afterDispute, ...resolution });
+      `Escrow ${escrow.id}: ${formatUsdc(escrow.amount)} USDC refunded to ${escrow.from_wallet_id} (${afterDispute ? 'after a dispute' : reason})`,
+      { ...base, reason, after_dispute: afterDispute, ...resolution });
   } else {
     await both('escrow.resolved',
       `Escrow ${escrow.id} split: ${escrow.resolution!.to_receiver} USDC to ${escrow.to_wallet}, ${escrow.resolution!.to_sender} back`,

@@ -16,7 +16,8 @@ import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, getWallet, walletNotFound } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
-  completeEscrow, createEscrow, disputeEscrow, getEscrow, isServiceArbiter, receiverAddress, resolveEscrow, type EscrowRow, type PartySession,
+  completeEscrow, createEscrow, declineEscrow, disputeEscrow, getEscrow, isServiceArbiter, receiverAddress, resolveEscrow,
+  type EscrowRow, type PartySession,
 } from './escrows.ts';
 import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
 
@@ -234,6 +235,24 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     const session = await authorizeParty(principal, escrow, request.headers);
     return escrowView(await disputeEscrow(ctx, principal.orgId, principal.keyId, escrow.id,
       { reason: request.body.reason, evidence: request.body.evidence ?? null }, { session }));
+  });
+
+  app.post('/v1/payments/a2a/:escrow_id/decline', {
+    config: { permission: 'pay' },
+    schema: {
+      tags: ['Escrow'], summary: 'Receiver: turn a locked escrow down; the requester has its money back at once',
+      description: 'Only the receiving organisation (an agent: with the receiving vault\'s Session-Token), only a locked escrow, '
+        + 'before its timeout. The escrow ends `refunded` (`escrow.refunded`, reason `declined`). docs/escrow.md, "Declining".',
+      params: EscrowParams,
+      body: Type.Object({ waitForConfirmation: WaitField }, { additionalProperties: false }),
+      response: { 200: EscrowView },
+    },
+  }, async (request) => {
+    const principal = principalOf(request);
+    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id);
+    const session = await authorizeParty(principal, escrow, request.headers);
+    return escrowView(await declineEscrow(ctx, principal.orgId, escrow.id,
+      { wait: request.body.waitForConfirmation ?? true, session, keyId: principal.keyId }));
   });
 
   app.post('/v1/payments/a2a/:escrow_id/resolve', {
