@@ -10,6 +10,7 @@ import { address, createSolanaRpc } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
+import { beforeDeadline } from '../../test/deadline.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
@@ -116,10 +117,7 @@ describe('payments', () => {
     const getOutcomes = chain.getOutcomes;
     chain.getOutcomes = () => new Promise(() => {}); // a cluster that never answers
     try {
-      const read = await Promise.race([
-        t.request('GET', `/v1/payments/${paid.body.tx_id}`),
-        new Promise<null>((resolve) => setTimeout(resolve, 10_000, null).unref()),
-      ]);
+      const read = await beforeDeadline(t.request('GET', `/v1/payments/${paid.body.tx_id}`), 10_000);
       assert.ok(read, 'answered after the read deadline, not never');
       assert.equal(read.status, 200);
       assert.equal(read.body.status, 'pending', 'shown as stored');
