@@ -18,6 +18,7 @@ import { newId } from '../ids/ids.ts';
 import { bootstrapOrganizations, createOrganization } from '../organizations/organizations.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { unfundedChain as unfundedChainOf, unique } from '../../test/fixtures.ts';
+import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
 import { syncPendingWallets, syncRetryDelayMs, syncWalletToChain } from './wallets.ts';
 
 interface SyncState {
@@ -167,6 +168,27 @@ describe('the wallets.sync back-off', () => {
     await syncPendingWallets(ctx);
     assert.deepEqual((await statesOf([walletId!])).get(walletId!)!, { id: walletId, chain_status: 'ready', sync_failures: 0, sync_retry_at: null });
     assert.equal((await ctx.chain.getVault(address(frozen.body.chain_address)))!.frozen, true);
+  });
+
+  test('a sync whose lease lapsed is not taken over while a vault update it sent can still land', async () => {
+    const { ctx } = t.service;
+    const wallet = (await t.request('POST', '/v1/wallets', { body: { agentId: unique('held'), label: 'Held', policyId: 'pol_moderate' } })).body;
+    // Another process's sync sent an update and died; its lease has lapsed (a test clock moved
+    // forward, or slots longer than 400 ms), but the chain is not past the update's last valid height.
+    const height = await ctx.chain.getBlockHeight();
+    const heldBy = async (validHeight: bigint) => ctx.db.query(
+      `UPDATE wallets SET status = 'frozen', chain_status = 'pending', sync_holder = 'died', sync_lease_until = $2, sync_valid_height = $3
+       WHERE id = $1`, [wallet.wallet_id, new Date(ctx.clock.nowMs() - 1), validHeight]);
+    await heldBy(height + 100n);
+    assert.equal(await syncWalletToChain(ctx, t.orgId, wallet.wallet_id), false, 'left to the update that may land');
+    assert.equal((await statesOf([wallet.wallet_id])).get(wallet.wallet_id)!.chain_status, 'pending');
+    await syncPendingWallets(ctx);
+    assert.equal((await statesOf([wallet.wallet_id])).get(wallet.wallet_id)!.chain_status, 'pending', 'nor by the job');
+    // Past its last valid height and the reconciler's margin: it can no longer land.
+    await heldBy(height - EXPIRY_MARGIN_BLOCKS - 1n);
+    assert.equal(await syncWalletToChain(ctx, t.orgId, wallet.wallet_id), true);
+    assert.equal((await statesOf([wallet.wallet_id])).get(wallet.wallet_id)!.chain_status, 'ready');
+    assert.equal((await ctx.chain.getVault(address(wallet.chain_address)))!.frozen, true);
   });
 
   test('a run with a slow chain starts no sync past its time budget; the next run takes the rest', async () => {

@@ -10,7 +10,7 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Type } from 'typebox';
-import { address, type Address } from '@solana/kit';
+import { address, type Address, type Instruction } from '@solana/kit';
 import { referenceMemoIx } from '../chain/client.ts';
 import type { Clock } from '../clock/clock.ts';
 import type { Queryable } from '../db/database.ts';
@@ -26,7 +26,7 @@ import { newSessionAuthority, tokenMatches } from './session-token.ts';
 import { balanceMatchingChain, inFlightSql, openEscrowSql } from './unrecorded.ts';
 import type { Principal } from '../http/auth.ts';
 import { SpendingView } from '../payments/budgets.ts';
-import { settlePendingOf } from '../transactions/settlement.ts';
+import { EXPIRY_MARGIN_BLOCKS, settlePendingOf } from '../transactions/settlement.ts';
 
 export const WALLET_STATUSES = ['active', 'idle', 'policy_violation', 'frozen', 'unfunded', 'archived'] as const;
 export type WalletStatus = (typeof WALLET_STATUSES)[number];
@@ -361,10 +361,12 @@ export function normaliseTags(tags: string[]): string[] {
 // The chain catches up with the database
 
 /**
- * How long one sync holds its wallet after its last send: past the 60 s (150 slots) in which a
- * transaction it sent can still land (its blockhash is fetched at most 10 s after the lease is
- * renewed), so that a sync that stopped halfway (its process died, a chain call failed with the
- * transaction perhaps sent) is taken over only once nothing it sent can land.
+ * How long one sync holds its wallet after its last send: past the 60 s (150 slots of 400 ms) in
+ * which a transaction it sent can still land, so that a sync that stopped halfway (its process
+ * died, a chain call failed with the transaction perhaps sent) is taken over only once nothing it
+ * sent can land. The service clock does not measure block heights (longer slots, a test clock
+ * moved forward), so each send also notes its last valid block height (migration 0040), and a
+ * takeover waits for the chain to be past it as the reconciler does (EXPIRY_MARGIN_BLOCKS).
  */
 export const WALLET_SYNC_LEASE_MS = 90_000;
 /** Passes of one sync over a wallet that changes while it runs; the wallets.sync job does the rest. */
@@ -392,15 +394,22 @@ class SyncLeaseLost extends Error {}
  */
 export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<boolean> {
   const holder = randomUUID();
+  // Read before the claim: a transaction the last holder sent that is not past its last valid
+  // height by then may still land.
+  const height = await ctx.chain.getBlockHeight();
   const claimedAt = ctx.clock.nowMs();
   const [claimed] = await ctx.db.query<WalletRow>(
-    `UPDATE wallets SET sync_holder = $3, sync_lease_until = $4
-     WHERE org_id = $1 AND id = $2 AND (sync_lease_until IS NULL OR sync_lease_until <= $5) RETURNING *`,
-    [orgId, walletId, holder, new Date(claimedAt + WALLET_SYNC_LEASE_MS), new Date(claimedAt)]);
+    `UPDATE wallets SET sync_holder = $3, sync_lease_until = $4, sync_valid_height = NULL
+     WHERE org_id = $1 AND id = $2 AND (sync_lease_until IS NULL OR sync_lease_until <= $5)
+       AND (sync_valid_height IS NULL OR sync_valid_height + $7 < $6) RETURNING *`,
+    [orgId, walletId, holder, new Date(claimedAt + WALLET_SYNC_LEASE_MS), new Date(claimedAt), height, EXPIRY_MARGIN_BLOCKS]);
   if (!claimed) return false;
-  const renew = async () => {
-    const renewed = await ctx.db.query('UPDATE wallets SET sync_lease_until = $3 WHERE id = $1 AND sync_holder = $2 RETURNING id',
-      [walletId, holder, new Date(ctx.clock.nowMs() + WALLET_SYNC_LEASE_MS)]);
+  /** Before each send: the lease renewed, and the height until which that send may land noted. */
+  const renew = async (validHeight: bigint) => {
+    const renewed = await ctx.db.query(
+      `UPDATE wallets SET sync_lease_until = $3, sync_valid_height = GREATEST(COALESCE(sync_valid_height, 0), $4)
+       WHERE id = $1 AND sync_holder = $2 RETURNING id`,
+      [walletId, holder, new Date(ctx.clock.nowMs() + WALLET_SYNC_LEASE_MS), validHeight]);
     if (!renewed.length) throw new SyncLeaseLost();
   };
   /**
@@ -419,7 +428,7 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
   };
   /** Gives the wallet up, the back-off cleared (why null) or counted. */
   const release = (q: Queryable, why: string | null) =>
-    q.query(`UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL, sync_failures = $3, sync_retry_at = $4
+    q.query(`UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL, sync_valid_height = NULL, sync_failures = $3, sync_retry_at = $4
              WHERE id = $1 AND sync_holder = $2`, [walletId, holder, ...backOff(why)]);
   let wallet = claimed;
   for (let pass = 1; ; pass += 1) {
@@ -485,6 +494,9 @@ export function syncRetryDelayMs(failures: number): number {
   return backoffMs(failures, SYNC_RETRY_FIRST_MS, SYNC_RETRY_MAX_MS);
 }
 
+/** How long a sync waits for a vault update's outcome before it gives up (keeping its lease). */
+const VAULT_UPDATE_WAIT_MS = 30_000;
+
 /** A pass's end: the chain refused (why), or the vault as read after its sends agrees with the row or not. */
 type VaultPass = { refused: string } | { agrees: boolean };
 
@@ -515,13 +527,19 @@ function vaultUpdateReference(walletId: string): string {
  * compared after it like any other.
  */
 async function sendVaultChanges(
-  ctx: Ctx, orgId: string, wallet: WalletRow, beforeSend: () => Promise<void>,
+  ctx: Ctx, orgId: string, wallet: WalletRow, beforeSend: (validHeight: bigint) => Promise<void>,
 ): Promise<VaultPass> {
+  /** Signed, then `beforeSend` told until when it may land, then sent, and its outcome waited for (30 s at most). */
+  const send = async (instructions: Instruction[]) => {
+    const prepared = await ctx.chain.prepare(instructions);
+    await beforeSend(prepared.lastValidBlockHeight);
+    await ctx.chain.submit(prepared);
+    return ctx.chain.waitForOutcome(prepared.signature, VAULT_UPDATE_WAIT_MS);
+  };
   const vaultAddress = address(wallet.chain_address);
   let vault = await ctx.chain.getVault(vaultAddress);
   if (!vault) {
-    await beforeSend();
-    const created = await ctx.chain.execute([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
+    const created = await send([await ctx.chain.createVaultIx(orgId, wallet.agent_id, wallet.policy_id)]);
     // AlreadyInitialized: created by a sync before this one (its lease lapsed).
     if (created.err && created.err.name !== 'AlreadyInitialized') return { refused: `creating vault ${wallet.chain_address} failed: ${created.err.name}` };
     vault = await readVault(ctx, vaultAddress);
@@ -533,8 +551,7 @@ async function sendVaultChanges(
   if (vault.policy !== want.policy) instructions.push(await ctx.chain.attachPolicyIx(orgId, wallet.agent_id, wallet.policy_id));
   if (vault.frozen !== want.frozen) instructions.push(await ctx.chain.setFrozenIx(orgId, wallet.agent_id, want.frozen));
   if (instructions.length) {
-    await beforeSend();
-    const outcome = await ctx.chain.execute([referenceMemoIx(vaultUpdateReference(wallet.id)), ...instructions]);
+    const outcome = await send([referenceMemoIx(vaultUpdateReference(wallet.id)), ...instructions]);
     if (outcome.err) return { refused: `updating vault ${wallet.chain_address} failed: ${outcome.err.name}` };
     vault = await readVault(ctx, vaultAddress);
   }
