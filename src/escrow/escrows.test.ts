@@ -880,7 +880,23 @@ describe('escrow', () => {
     // Not disputed yet: not "already settled" (it is not), a request the escrow's state does not take.
     const early = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: arbiter, body: { decision: 'refund' } });
     assert.deepEqual([early.status, early.body.error?.code, early.body.error?.param], [400, 'invalid_request', 'escrow_id'], JSON.stringify(early.body));
-    assert.equal((await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'half done' } })).status, 200);
+    // Its dispute on its way to the chain (sent, not landed yet): decidable in a moment, so "retry", not "dispute it first".
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    let sendDispute!: () => Promise<void>;
+    let sent!: () => void;
+    const submitted = new Promise<void>((resolve) => { sent = resolve; });
+    chain.submit = async (prepared) => {
+      chain.submit = submit;
+      sendDispute = () => submit.call(chain, prepared);
+      sent();
+    };
+    const disputing = t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: 'half done' } });
+    await submitted;
+    const landing = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/resolve`, { key: arbiter, body: { decision: 'refund' } });
+    assert.deepEqual([landing.status, landing.body.error?.code, landing.headers['retry-after']], [503, 'service_unavailable', '1'], JSON.stringify(landing.body));
+    await sendDispute();
+    assert.equal((await disputing).body.status, 'disputed');
     const malformed: Array<[Record<string, unknown>, string]> = [
       [{ toReceiver: 2, toSender: '2' }, 'to_receiver'],
       [{ toReceiver: '2', toSender: 2 }, 'to_sender'],
@@ -1071,6 +1087,9 @@ describe('escrow', () => {
     // vault we have nothing to do with, or none, is 404; an empty id is refused.
     const byReceiver = await t.request('GET', `/v1/payments/a2a?wallet_id=${theirs.body.wallet_id}`);
     assert.deepEqual(byReceiver.body.data.map((e: { escrow_id: string }) => e.escrow_id), [created.escrow_id]);
+    const byPayer = await t.request('GET', `/v1/payments/a2a?walletId=${from.wallet_id}`, { key: otherKey });
+    assert.deepEqual(byPayer.body.data?.map((e: { escrow_id: string }) => e.escrow_id), [created.escrow_id],
+      'the receiving organisation filters by the paying vault it is shown');
     for (const walletId of ['wal_nope', from.wallet_id]) {
       const unknown = await t.request('GET', `/v1/payments/a2a?walletId=${walletId}`, { key: stranger.adminKey });
       assert.equal(unknown.status, 404, walletId);
@@ -1156,7 +1175,7 @@ describe('escrow', () => {
     assert.equal((await t.request('DELETE', `/v1/wallets/${theirs.wallet_id}`, { key: other.adminKey })).status, 200, 'archived');
     await assertConserved();
 
-    // Within one organisation: an agent declines through the receiving vault's token, not the paying one's.
+    // Within one organisation: only an agent, through the receiving vault's token.
     const to = await fundedWallet(t, '0.5');
     const mine = (await open(from, to.wallet_id)).body;
     const agent = await t.createKey('agent');
@@ -1164,6 +1183,8 @@ describe('escrow', () => {
     const asAgent = async (walletId: string) => t.request('POST', `/v1/payments/a2a/${mine.escrow_id}/decline`,
       { key: agent, headers: { 'session-token': await tokenOf(walletId) }, body: {} });
     assert.equal((await asAgent(from.wallet_id)).status, 403, 'the paying vault\'s agent cannot');
+    const byOperator = await t.request('POST', `/v1/payments/a2a/${mine.escrow_id}/decline`, { key: await t.createKey('operator'), body: {} });
+    assert.equal(byOperator.status, 403, 'nor its organisation\'s operators, who opened it too');
     assert.equal((await asAgent(to.wallet_id)).body.status, 'refunded');
     assert.equal(await balanceOf(t, from.wallet_id), '10.00');
     await assertConserved();

@@ -637,9 +637,13 @@ export async function declineEscrow(
 }
 
 function assertDeclinable(escrow: EscrowRow, orgId: string, session: PartySession | null, nowMs: number): void {
-  if (escrow.receiver_org_id !== orgId || (session !== null && session.walletId !== escrow.to_wallet_id)) {
-    throw new ServiceError('insufficient_permissions',
-      `Only the receiving side declines escrow ${escrow.id}: the organisation of its receiving vault, or an agent with that vault's token.`);
+  // Within one organisation its admins and operators opened it too: only the receiving vault's
+  // agent declines there, or the requester would have a way to take its money back early.
+  const withinOne = escrow.org_id === escrow.receiver_org_id;
+  if (escrow.receiver_org_id !== orgId || (session !== null && session.walletId !== escrow.to_wallet_id) || (withinOne && session === null)) {
+    throw new ServiceError('insufficient_permissions', withinOne
+      ? `Escrow ${escrow.id} is between two vaults of your organisation: only an agent with the receiving vault's Session-Token declines it.`
+      : `Only the receiving side declines escrow ${escrow.id}: the organisation of its receiving vault, or an agent with that vault's token.`);
   }
   if (escrow.closing !== null && escrow.status === 'locked') throw busy(escrow);
   if (escrow.status !== 'locked') throw alreadySettled(escrow);
@@ -802,6 +806,12 @@ export async function resolveEscrow(
 }
 
 function assertResolvable(escrow: EscrowRow, split: Resolution): void {
+  if (escrow.closing === 'dispute') {
+    // About to be disputed: decidable in a moment.
+    throw retryShortly(`Escrow ${escrow.id}'s dispute is landing on chain: retry shortly.`, CREATING_RETRY_AFTER_S,
+      { escrow_id: escrow.id, status: escrow.status, in_flight: escrow.closing });
+  }
+  if (escrow.closing !== null && escrow.status === 'locked') throw busy(escrow);
   if (escrow.status === 'locked') {
     // Not settled (escrow_already_settled would say it is): not in a state a decision takes.
     throw new ServiceError('invalid_request',
@@ -883,9 +893,10 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
           timestamp: new Date(nowMs).toISOString(),
         });
     }
-    // An arbiter's decision that did not land (refused, or lost with a process that died before
-    // the chain kept it) is taken back: the escrow waits for a decision again, and both sides and
-    // the arbiter are told, rather than finding the escrow disputed with no trace of it.
+    // An arbiter's decision that did not land (refused, or lost and not sent again in time) is
+    // taken back: the escrow waits for a decision again, and both parties are told rather than
+    // finding it disputed with no trace of the decision. The service's arbiters see it among the
+    // disputed escrows of their list again.
     if (escrow.closing === 'resolve') {
       await recordEscrowEvent(tx, nowMs, escrow, 'escrow.resolve_failed',
         `Escrow ${escrow.id}: the arbiter's decision did not take effect on chain (${row.failure_reason ?? 'unknown'}); it is disputed again`, {

@@ -38,7 +38,7 @@ export const EscrowView = Type.Object({
   currency: Type.String(),
   status: EscrowStatusSchema,
   in_flight: Type.Union([Type.String(), Type.Null()], {
-    description: 'a chain transaction moving the escrow on is pending: create, release, refund, dispute or resolve',
+    description: 'a chain transaction moving the escrow on is pending: create, release, refund, dispute, resolve or decline',
   }),
   chain_address: Type.String({ description: 'the escrow account, separate from both vaults' }),
   task_hash: Type.String({ description: 'sha256 of taskDescription, as recorded on chain' }),
@@ -317,11 +317,14 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     const where = new PageFilter('e').where((p) => `(e.org_id = ${p} OR e.receiver_org_id = ${p}${arbiter ? ` OR e.status = 'disputed'` : ''})`, orgId);
     const walletId = walletIdOf(request.query);
     if (walletId !== undefined) {
-      // A vault not in the organisation, nor paid by one of its escrows, is 404, as for the
-      // transactions and the feed: a mistyped id is not an empty list.
+      // A vault neither the organisation's nor named by an escrow it sees (either side's vault;
+      // for the service's arbiters, a disputed escrow's) is 404, as for the transactions and the
+      // feed: a mistyped id is not an empty list.
+      const seen = `(org_id = $1 OR receiver_org_id = $1${arbiter ? ` OR status = 'disputed'` : ''})`;
       const [known] = await ctx.db.query(
         `SELECT 1 FROM wallets WHERE org_id = $1 AND id = $2
-         UNION ALL SELECT 1 FROM escrows WHERE to_wallet_id = $2 AND org_id = $1 LIMIT 1`, [orgId, walletId]);
+         UNION ALL SELECT 1 FROM escrows WHERE from_wallet_id = $2 AND ${seen}
+         UNION ALL SELECT 1 FROM escrows WHERE to_wallet_id = $2 AND ${seen} LIMIT 1`, [orgId, walletId]);
       if (!known) throw walletNotFound(walletId);
       where.where((p) => `(e.from_wallet_id = ${p} OR e.to_wallet_id = ${p})`, walletId);
     }

@@ -106,7 +106,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     // — a retry would run again — so a POST or PATCH with it is refused, as the body field is,
     // rather than ignored. (GET, PUT and DELETE repeat harmlessly whatever the header.)
     if (request.headers['idempotency-key'] !== undefined && (request.method === 'POST' || request.method === 'PATCH')
-      && !takesIdempotencyKey(request.routeOptions.schema?.body)) {
+      && !request.is404 && !takesIdempotencyKey(request.routeOptions.schema?.body)) {
       throw invalidRequest('idempotency_key',
         'This request does not take an Idempotency-Key: only payments, escrow creation, wallet creation, funding, batch funding '
           + 'and withdrawals do (docs/decisions.md, "Idempotency"). Send it without the header.');

@@ -131,6 +131,8 @@ describe('idempotency keys', () => {
     assert.equal(await webhooks(), before, 'no webhook made');
     const patched = await t.request('PATCH', '/v1/policies/pol_x', { headers, body: { name: 'x' } });
     assert.equal(patched.body.error?.param, 'idempotency_key');
+    // A path that does not exist is 404 whatever the headers.
+    assert.equal((await t.request('POST', '/v1/nothing-here', { headers, body: {} })).status, 404);
     // Reads repeat harmlessly: the header changes nothing there.
     assert.equal((await t.request('GET', '/v1/webhooks', { headers })).status, 200);
     // Where it is taken, it still is.

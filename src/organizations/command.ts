@@ -31,10 +31,11 @@ export async function createOrganizationCommand(
     created = await createOrganization(ctx, { name: options.name, onCreated: (orgId, key) => { shown = { orgId, key: key.key }; } });
   } catch (error) {
     if (shown === null) throw error;
-    // Stored, but not yet on chain: its key is shown now or never; `serve` finishes the setup at its next start.
+    // Stored, but not yet on chain: its key is shown now or never; a running `serve` (its organizations.setup job) finishes the setup.
     const { orgId, key } = shown as { orgId: string; key: string };
     throw new KeyShownError([
-      `Organisation ${orgId} was created, but its setup on chain failed (${(error as Error).message}); the next start of serve finishes it.`,
+      `Organisation ${orgId} was created, but its setup on chain failed (${(error as Error).message}); `
+        + 'a running serve tries it again (its organizations.setup job), and so does its next start.',
       'Its admin API key (shown once, store it now):', '', `  ${key}`, '',
     ].join('\n'));
   }

@@ -47,8 +47,9 @@ export async function insertApiKey(
 /**
  * Creates an organisation with its admin key and preset policies, then sets it up on chain.
  * `onCreated` is told the key as soon as it is committed, before the chain setup, which may
- * fail (an operator key without SOL on a real cluster): the organisation is then finished at the
- * next start (it stays `pending`), and the key, stored only as a hash, has been shown all the same.
+ * fail (an operator key without SOL on a real cluster): the organisation is then finished by the
+ * organizations.setup job or the next start (it stays `pending` until then), and the key, stored
+ * only as a hash, has been shown all the same.
  */
 export async function createOrganization(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>,
@@ -109,23 +110,32 @@ export async function provisionOrganizationOnChain(ctx: Pick<AppContext, 'db' | 
 /** After the first failed setup, the job tries again in 15 s, then twice as long each time, at most an hour. */
 const SETUP_RETRY_FIRST_MS = 15_000;
 const SETUP_RETRY_MAX_MS = 60 * 60 * 1000;
-/** Pending organisations the job tries per run. */
+/** Pending organisations the job tries per run, and how long a run goes on starting them. */
 const SETUP_BATCH = 20;
+const SETUP_RUN_MS = 20_000;
+/** How long one try holds its organisation from other processes' jobs: past its chain calls (30 s each). */
+const SETUP_CLAIM_MS = 120_000;
 
 /**
  * The `organizations.setup` job: sets up on chain each organisation still `pending` whose next
- * try is due (one created a moment ago by `org create` is its own creator's to set up first).
- * A failure is logged and tried again later and later; a start tries them all at once.
- * Returns how many were set up.
+ * try is due (one created a moment ago by `org create` is its own creator's to set up first),
+ * one at a time, each claimed first (its next try put past the attempt) so that several
+ * processes never try one together. A failure is logged and tried again later and later; a
+ * start tries them all at once. Returns how many were set up.
  */
 export async function setUpPendingOrganizations(ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>): Promise<number> {
-  const nowMs = ctx.clock.nowMs();
-  const due = await ctx.db.query<{ id: string; setup_failures: number }>(
-    `SELECT id, setup_failures FROM organizations WHERE chain_status = 'pending'
-       AND COALESCE(setup_retry_at, created_at + make_interval(secs => $2)) <= $1
-     ORDER BY id LIMIT ${SETUP_BATCH}`, [new Date(nowMs), SETUP_RETRY_FIRST_MS / 1000]);
+  const deadline = performance.now() + SETUP_RUN_MS;
   let done = 0;
-  for (const { id, setup_failures: failures } of due) {
+  for (let tried = 0; tried < SETUP_BATCH && performance.now() < deadline; tried += 1) {
+    const nowMs = ctx.clock.nowMs();
+    const [claimed] = await ctx.db.query<{ id: string; setup_failures: number }>(
+      `UPDATE organizations SET setup_retry_at = $3 WHERE id = (
+         SELECT id FROM organizations WHERE chain_status = 'pending'
+           AND COALESCE(setup_retry_at, created_at + make_interval(secs => $2)) <= $1
+         ORDER BY COALESCE(setup_retry_at, created_at), id LIMIT 1 FOR UPDATE SKIP LOCKED)
+       RETURNING id, setup_failures`, [new Date(nowMs), SETUP_RETRY_FIRST_MS / 1000, new Date(nowMs + SETUP_CLAIM_MS)]);
+    if (!claimed) break;
+    const { id, setup_failures: failures } = claimed;
     try {
       await provisionOrganizationOnChain(ctx, id);
       done += 1;
@@ -156,8 +166,8 @@ async function assertOwnSetup(ctx: Pick<AppContext, 'chain'>, orgId: string): Pr
   };
   const data = await ctx.chain.getProgramAccountData(reserve);
   // Read right after the setup landed (at `confirmed`): an account missing is a node behind the
-  // one that answered, not another key's doing, and the next start tries again.
-  if (!data) throw new Error(`organisation ${orgId}: its reserve ${reserve} is not on chain yet after its setup; the next start tries again`);
+  // one that answered, not another key's doing, and the setup is tried again.
+  if (!data) throw new Error(`organisation ${orgId}: its reserve ${reserve} is not on chain yet after its setup; it is tried again`);
   let account: ReserveAccount | null = null;
   try {
     account = decodeReserve(data);
@@ -168,7 +178,7 @@ async function assertOwnSetup(ctx: Pick<AppContext, 'chain'>, orgId: string): Pr
   for (const preset of PRESETS) {
     const policyAccount = await ctx.chain.policyAddress(orgId, preset.id);
     const policy = await ctx.chain.getPolicy(policyAccount);
-    if (!policy) throw new Error(`organisation ${orgId}: its preset policy ${preset.id} (${policyAccount}) is not on chain yet; the next start tries again`);
+    if (!policy) throw new Error(`organisation ${orgId}: its preset policy ${preset.id} (${policyAccount}) is not on chain yet; it is tried again`);
     if (policy.authority !== operator || !sameLimits(policy, chainLimitsOf(preset.rules))) {
       refuse(`its preset policy ${preset.id} (${policyAccount})`);
     }
@@ -230,7 +240,7 @@ async function bootstrapOnce(
       await provisionOrganizationOnChain(ctx, id);
     } catch (error) {
       // Nothing works without the default organisation; another one stays pending (its API
-      // answers, its money moves fail) and is tried again at the next start.
+      // answers, its money moves fail) and is tried again by the organizations.setup job.
       if (isDefault || !options.onPendingFailed) throw error;
       options.onPendingFailed(id, error as Error);
     }
