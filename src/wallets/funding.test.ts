@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { address } from '@solana/kit';
+import { address, generateKeyPairSigner } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { queuedBehind } from '../../test/locks.ts';
 import { openDatabase } from '../db/database.ts';
@@ -155,6 +155,44 @@ describe('funding and withdrawal', () => {
     const withdrawn = await t.service.ctx.db.query(`SELECT 1 FROM events WHERE type = 'wallet.withdrawn' AND wallet_id = $1`, [wallet.wallet_id]);
     assert.equal(withdrawn.length, 2);
     await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('a withdrawal of "all" from a wallet paying all the while is 503 with Retry-After and records nothing; the retry empties it', async () => {
+    await deposit(t, '10');
+    const wallet = await newWallet(t);
+    await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '10' } });
+    // A payment lands between each read of the balance and the lock, as an agent paying all the
+    // while would: five times, the most a withdrawal of "all" signs again.
+    const { chain } = t.service.ctx;
+    const prepare = chain.prepare;
+    let paid = 0;
+    let paying = false; // the payment's own signing is not the withdrawal's
+    chain.prepare = async (instructions) => {
+      if (paid < 5 && !paying) {
+        paid += 1;
+        paying = true;
+        try {
+          const payment = await t.request('POST', '/v1/payments', {
+            body: { walletId: wallet.wallet_id, to: (await generateKeyPairSigner()).address, amount: '0.01', currency: 'USDC' } });
+          assert.equal(payment.status, 200, JSON.stringify(payment.body));
+        } finally {
+          paying = false;
+        }
+      }
+      return prepare.call(chain, instructions);
+    };
+    let busy;
+    try {
+      busy = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    } finally {
+      chain.prepare = prepare;
+    }
+    assert.deepEqual([busy.status, busy.body.error?.code, busy.headers['retry-after']], [503, 'service_unavailable', '1'], JSON.stringify(busy.body));
+    const withdrawals = async () => (await t.service.ctx.db.query(`SELECT 1 FROM transactions WHERE wallet_id = $1 AND type = 'withdrawal'`, [wallet.wallet_id])).length;
+    assert.equal(await withdrawals(), 0, 'nothing recorded');
+    const retried = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    assert.deepEqual([retried.body.withdrawn_amount, retried.body.usdc_balance], ['9.95', '0.00']);
+    assert.equal(await t.service.ctx.chain.getUsdcBalance(address(wallet.chain_address)), 0n, 'emptied on chain too');
   });
 
   test('a test deposit that would take the organisation past the largest amount is refused before minting; index = chain', async () => {

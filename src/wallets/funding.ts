@@ -10,7 +10,7 @@
 import type { Instruction } from '@solana/kit';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Queryable } from '../db/database.ts';
-import { ServiceError } from '../errors/errors.ts';
+import { ServiceError, retryShortly } from '../errors/errors.ts';
 import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
@@ -200,5 +200,7 @@ export async function withdrawFromWallet(
     });
     if (recorded) return settle(ctx, prepared, [recorded]);
   }
-  throw new ServiceError('service_unavailable', 'The wallet\'s balance kept changing; retry the withdrawal.');
+  // Nothing recorded: the same request (with its idempotency key) is safe to send again at once.
+  throw retryShortly('The wallet\'s balance kept changing while "all" was signed (payments from it meanwhile); retry the withdrawal.', 1,
+    { wallet_id: walletId });
 }
