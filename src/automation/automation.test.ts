@@ -71,8 +71,16 @@ describe('events, wallet states and automation', () => {
     const page2 = await t.request('GET', `/v1/events?walletId=${wallet.wallet_id}&limit=3&cursor=${page1.body.next_cursor}`);
     assert.equal(page1.body.has_more, true);
     assert.deepEqual(page2.body.data.map((e: { type: string }) => e.type), ['wallet.created']);
-    const warnings = await t.request('GET', '/v1/events?severity=warning');
-    assert.ok(warnings.body.data.every((e: { severity: string }) => e.severity === 'warning'), 'only warnings');
+    // A warning (balance.low) and a critical (a manual freeze) of another vault, among infos.
+    const low = await fundedWallet(t, '1');
+    await t.request('PATCH', `/v1/wallets/${low.wallet_id}`, { body: { lowBalanceThreshold: '5' } });
+    await t.service.jobs.runOnce();
+    await t.request('PATCH', `/v1/wallets/${low.wallet_id}`, { body: { status: 'frozen' } });
+    const bySeverity = async (severity: string) => ((await t.request('GET', `/v1/events?severity=${severity}&walletId=${low.wallet_id}`)).body.data as
+      Array<{ type: string; severity: string }>).map((e) => [e.type, e.severity]);
+    assert.deepEqual(await bySeverity('warning'), [['balance.low', 'warning']]);
+    assert.deepEqual(await bySeverity('critical'), [['wallet.frozen', 'critical']]);
+    assert.deepEqual(await bySeverity('info'), [['wallet.funded', 'info'], ['wallet.created', 'info']]);
     const future = await t.request('GET', `/v1/events?from=${new Date(t.service.ctx.clock.nowMs() + 60_000).toISOString()}`);
     assert.deepEqual(future.body.data, []);
     // A `to` alone, before the horizon: nothing, not a complaint about a `from` never sent.

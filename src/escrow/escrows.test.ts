@@ -18,7 +18,7 @@ import { canonicalJson } from '../http/idempotency.ts';
 import { EXPIRY_MARGIN_BLOCKS, reconcilePending } from '../transactions/settlement.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
-import { prepareEscrowMove, refundRetryDelayMs } from './escrows.ts';
+import { prepareEscrowMove } from './escrows.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
 
 const OUTPUT = 'the finished report\n';
@@ -678,25 +678,28 @@ describe('escrow', () => {
     const outside = await chain.execute([await chain.escrowRefundIx(stuck.escrow_id, address(from.chain_address), true)]);
     assert.equal(outside.err, null);
     await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 121 } });
-    for (let i = 0; i < 12; i += 1) await tick();
-
+    const refunds = async () => t.service.ctx.db.query<{ status: string }>(
+      `SELECT status FROM transactions WHERE escrow_id = $1 AND type = 'escrow_refund' ORDER BY created_at`, [stuck.escrow_id]);
+    await tick();
     assert.equal((await escrowOf(other.escrow_id)).status, 'refunded', 'the other expired escrow was refunded');
-    assert.equal((await escrowOf(stuck.escrow_id)).status, 'locked');
-    const refunds = await t.service.ctx.db.query<{ status: string; created_at: Date }>(
-      `SELECT status, created_at FROM transactions WHERE escrow_id = $1 AND type = 'escrow_refund' ORDER BY created_at`, [stuck.escrow_id]);
-    assert.ok(refunds.length >= 1 && refunds.every((row) => row.status === 'failed'), JSON.stringify(refunds));
-    assert.ok(refunds.length < 12, `${refunds.length} refunds sent in 12 ticks`);
-    // Each sent at least 1 s, then 2 s, 4 s … after the one before was refused (service clock).
-    for (let i = 1; i < refunds.length; i += 1) {
-      const gapMs = refunds[i]!.created_at.getTime() - refunds[i - 1]!.created_at.getTime();
-      assert.ok(gapMs >= refundRetryDelayMs(i), `refund ${i + 1} came ${gapMs} ms after the one before`);
+    assert.deepEqual((await refunds()).map((row) => row.status), ['failed'], 'sent once, refused');
+    // Sent again 1 s, then 2 s, then 4 s after each refusal (docs/escrow.md), on the service clock.
+    for (const [sent, waitS] of [[2, 1], [3, 2], [4, 4]] as const) {
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: waitS } });
+      await tick();
+      assert.equal((await refunds()).length, sent, `sent again ${waitS} s after the last refusal`);
     }
-    const [row] = await t.service.ctx.db.query<{ refund_failures: number; refund_retry_at: Date }>(
-      'SELECT refund_failures, refund_retry_at FROM escrows WHERE id = $1', [stuck.escrow_id]);
-    assert.equal(row!.refund_failures, refunds.length);
-    // The next one waits as long again after the last was refused (wall time moves the service
-    // clock during the ticks: when that wait is over is not what this asserts).
-    assert.ok(row!.refund_retry_at.getTime() >= refunds.at(-1)!.created_at.getTime() + refundRetryDelayMs(refunds.length), 'the next one waits');
+    // The next waits 8 s: not sent at a tick before that, sent at one after it.
+    await tick();
+    await tick();
+    assert.equal((await refunds()).length, 4, 'not before its 8 s');
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 8 } });
+    await tick();
+    const all = await refunds();
+    assert.deepEqual(all.map((row) => row.status), ['failed', 'failed', 'failed', 'failed', 'failed']);
+    assert.equal((await escrowOf(stuck.escrow_id)).status, 'locked');
+    const [row] = await t.service.ctx.db.query<{ refund_failures: number }>('SELECT refund_failures FROM escrows WHERE id = $1', [stuck.escrow_id]);
+    assert.equal(row!.refund_failures, 5);
   });
 
   test('the service arbitrates: arbiter keys of the default organisation see and resolve disputes of any organisation; a party\'s own arbiter cannot', async () => {

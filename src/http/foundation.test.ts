@@ -158,10 +158,24 @@ describe('HTTP foundation', () => {
   });
 
   test('a wrong or revoked key is 401; a syntactically odd one never reaches the database', async () => {
-    for (const key of ['av_admin_wrongwrongwrongwrongwrongwrong00', 'short', 'x'.repeat(300)]) {
-      const response = await t.request('GET', '/v1/organization', { key });
-      assert.equal(response.status, 401, key);
-      assert.equal(response.body.error.code, 'authentication_failed');
+    const admin = await t.createKey('admin');
+    const created = await t.request('POST', '/v1/api-keys', { key: admin, body: { name: 'to revoke', role: 'viewer' } });
+    assert.equal(created.status, 200, JSON.stringify(created.body));
+    assert.equal((await t.request('DELETE', `/v1/api-keys/${created.body.api_key_id}`, { key: admin })).status, 200);
+    const { db } = t.service.ctx;
+    const query = db.query;
+    let queries = 0;
+    db.query = ((...args: Parameters<typeof query>) => { queries += 1; return query.apply(db, args); }) as typeof query;
+    try {
+      for (const [key, readsKeys] of [[created.body.key, true], ['av_admin_wrongwrongwrongwrongwrongwrong00', true], ['short', false], ['x'.repeat(300), false]] as const) {
+        queries = 0;
+        const response = await t.request('GET', '/v1/organization', { key });
+        assert.equal(response.status, 401, key);
+        assert.equal(response.body.error.code, 'authentication_failed');
+        assert.equal(queries > 0, readsKeys, `${key.slice(0, 20)}: ${queries} statements`);
+      }
+    } finally {
+      db.query = query;
     }
   });
 
@@ -227,7 +241,8 @@ describe('test helpers', () => {
     assert.equal(bad.body.error.code, 'invalid_amount');
   });
 
-  test('the test clock moves business time forward and the chain follows', async () => {
+  // That the chain's clock follows it is src/validator/thread.test.ts's (a transaction's block time).
+  test('the test clock moves business time forward; an advance of nothing is refused', async () => {
     const before = await t.request('GET', '/v1/test_helpers/clock');
     const advanced = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 7200 } });
     assert.equal(advanced.status, 200);
