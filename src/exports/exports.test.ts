@@ -17,7 +17,7 @@ import { listMigrations, migrate } from '../db/migrate.ts';
 import { newId } from '../ids/ids.ts';
 import { runExportCommand } from './command.ts';
 import {
-  BUILD_ATTEMPTS_MAX, BUILD_LEASE_MS, EXPORT_RECORD_RETENTION_MS, EXPORT_TTL_MS, KEPT_PER_ORG_MAX, KEPT_ROWS_PER_ORG_MAX, PROCESSING_PER_ORG_MAX, claimExport,
+  BUILD_ATTEMPTS_MAX, BUILD_LEASE_MS, KEPT_PER_ORG_MAX, KEPT_ROWS_PER_ORG_MAX, PROCESSING_PER_ORG_MAX, claimExport,
 } from './exports.ts';
 import { ContentWriter } from './storage.ts';
 
@@ -165,7 +165,7 @@ describe('transaction exports', () => {
     assert.equal(ready.row_count, expected.length);
     assert.equal(ready.download_url, `/v1/transactions/exports/${created.export_id}/download`);
     assert.equal(ready.size_bytes, Buffer.byteLength(String(file.body), 'utf8'));
-    assert.equal(Date.parse(ready.expires_at) - Date.parse(ready.ready_at), EXPORT_TTL_MS);
+    assert.equal(Date.parse(ready.expires_at) - Date.parse(ready.ready_at), 24 * 3_600_000, 'downloadable for 24 hours (docs/exports.md)');
     const [header, ...records] = parseCsv(String(file.body));
     assert.deepEqual(header, COLUMNS);
     assert.equal(records.length, expected.length);
@@ -573,7 +573,7 @@ describe('transaction exports over time and through failures', () => {
     await t.service.jobs.runOnce();
     const oid = (await contentOid(id))!;
     assert.ok(await largeObjectExists(oid), 'the file is stored');
-    await advance(EXPORT_TTL_MS / 1000 - 60);
+    await advance(24 * 3_600 - 60);
     assert.equal((await t.request('GET', `/v1/transactions/exports/${id}/download`)).status, 200);
 
     await advance(61);
@@ -588,7 +588,7 @@ describe('transaction exports over time and through failures', () => {
     assert.equal(await largeObjectExists(oid), false, 'the job deleted the file');
     assert.equal((await t.request('GET', `/v1/transactions/exports/${id}`)).body.status, 'expired');
 
-    await advance(EXPORT_RECORD_RETENTION_MS / 1000);
+    await advance(30 * 86_400); // its record is kept 30 days
     await t.service.jobs.runOnce();
     const gone = await t.request('GET', `/v1/transactions/exports/${id}`);
     assert.equal(gone.status, 404);

@@ -25,12 +25,15 @@ describe('idempotency keys', () => {
     let runs = 0;
     let release!: () => void;
     const gate = new Promise<void>((resolve) => { release = resolve; });
+    let started!: () => void;
+    const claimed = new Promise<void>((resolve) => { started = resolve; }); // the work runs once the key is claimed
     const first = runIdempotent(t.service.ctx.db, op(key, 1_000), async () => {
       runs += 1;
+      started();
       await gate;
       return { status: 200, body: { n: runs } };
     });
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await claimed;
     await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 2_000), async () => ({ status: 200, body: {} })),
       (error: ServiceError) => error.code === 'idempotency_conflict' && /still being processed/.test(error.message));
     release();
@@ -78,8 +81,7 @@ describe('idempotency keys', () => {
   test('a first request that stopped before recording anything runs again once its lease is over', async () => {
     const key = newKey();
     // A request that never answers (its process died): its work never settles.
-    void runIdempotent(t.service.ctx.db, op(key, 100_000), () => new Promise(() => {}));
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await new Promise<void>((started) => { void runIdempotent(t.service.ctx.db, op(key, 100_000), () => { started(); return new Promise(() => {}); }); });
     await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 100_000 + IDEMPOTENCY_LEASE_MS - 1), async () => ({ status: 200, body: {} })),
       (error: ServiceError) => error.code === 'idempotency_conflict', 'within the lease: still running');
     const taken = await runIdempotent(t.service.ctx.db, op(key, 100_000 + IDEMPOTENCY_LEASE_MS), async () => ({ status: 200, body: { second: true } }));
@@ -92,12 +94,15 @@ describe('idempotency keys', () => {
     let release!: () => void;
     const gate = new Promise<void>((resolve) => { release = resolve; });
     // Held up past its lease (a chain call that took a minute), then recording its work.
+    let started!: () => void;
+    const claimed = new Promise<void>((resolve) => { started = resolve; });
     const first = runIdempotent(db, op(key, 300_000), async (mark) => {
+      started();
       await gate;
       await db.transaction(async (tx) => { await mark(tx, 'tx_first'); });
       return { status: 200, body: { first: true } };
     });
-    await new Promise((resolve) => setTimeout(resolve, 50));
+    await claimed;
     const second = await runIdempotent(db, op(key, 300_000 + IDEMPOTENCY_LEASE_MS), async (mark) => {
       await db.transaction(async (tx) => { await mark(tx, 'tx_second'); });
       return { status: 200, body: { second: true } };

@@ -3,7 +3,7 @@ import { after, before, describe, it } from 'node:test';
 import { address, generateKeyPairSigner, lamports, type Address, type Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { newId } from '../ids/ids.ts';
-import { confirmed, createAtaIdempotent, signedTransaction, transferToken } from '../validator/testing.ts';
+import { confirmed, signedTransaction, transferToken } from '../validator/testing.ts';
 import { DETECTION_LIMITS, detectDeposits, reserveUsdcDelta } from './deposit-detector.ts';
 import { recordConfirmedDeposit } from './deposits.ts';
 

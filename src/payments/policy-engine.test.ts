@@ -240,14 +240,25 @@ describe('policy engine: properties', () => {
   });
 
   test('calendar months roll over in UTC, whatever the local time zone', () => {
-    assert.equal(monthKey(Date.parse('2026-05-31T23:59:59.999Z')), '2026-05');
-    assert.equal(monthKey(Date.parse('2026-06-01T00:00:00.000Z')), '2026-06');
-    assert.equal(monthKey(Date.parse('2026-05-31T23:30:00-05:00')), '2026-06');
-    assert.equal(nextMonthStartMs(Date.parse('2026-12-15T10:00:00Z')), Date.parse('2027-01-01T00:00:00Z'));
-    fc.assert(fc.property(fc.integer({ min: 0, max: 4_102_444_800_000 }), (ms) => {
-      assert.ok(nextMonthStartMs(ms) > ms);
-      assert.notEqual(monthKey(nextMonthStartMs(ms)), monthKey(ms));
-      assert.equal(monthKey(nextMonthStartMs(ms) - 1), monthKey(ms));
-    }));
+    const zone = process.env.TZ;
+    // The process's zone far east and far west of UTC, where a local-time month would differ.
+    for (const tz of ['Pacific/Kiritimati', 'America/Los_Angeles', 'UTC']) {
+      process.env.TZ = tz;
+      try {
+        assert.equal(monthKey(Date.parse('2026-05-31T23:59:59.999Z')), '2026-05', tz);
+        assert.equal(monthKey(Date.parse('2026-06-01T00:00:00.000Z')), '2026-06', tz);
+        assert.equal(monthKey(Date.parse('2026-05-31T23:30:00-05:00')), '2026-06', tz);
+        assert.equal(nextMonthStartMs(Date.parse('2026-12-15T10:00:00Z')), Date.parse('2027-01-01T00:00:00Z'), tz);
+        fc.assert(fc.property(fc.integer({ min: 0, max: 4_102_444_800_000 }), (ms) => {
+          assert.ok(nextMonthStartMs(ms) > ms);
+          assert.notEqual(monthKey(nextMonthStartMs(ms)), monthKey(ms));
+          assert.equal(monthKey(nextMonthStartMs(ms) - 1), monthKey(ms));
+          assert.equal(new Date(nextMonthStartMs(ms)).getUTCDate(), 1, 'a month starts on the 1st, UTC');
+        }), { numRuns: 200 });
+      } finally {
+        if (zone === undefined) delete process.env.TZ;
+        else process.env.TZ = zone;
+      }
+    }
   });
 });

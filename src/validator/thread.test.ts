@@ -14,6 +14,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newRecipient } from '../../test/fixtures.ts';
 import { OffsetClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
+import { eventually } from './testing.ts';
 import { ValidatorThread } from './thread.ts';
 import { SNAPSHOT_FILES } from './state-file.ts';
 import { LocalValidator, type PublishedStatus } from './validator.ts';
@@ -37,8 +38,9 @@ describe('OffsetClock shared with another thread', () => {
     const twin = new OffsetClock(clock.offsetCell);
     twin.setAtLeast(Date.now() + 1_000);
     assert.equal(clock.offsetMs, 66_000, 'setAtLeast to an earlier time leaves the offset');
-    twin.setAtLeast(Date.now() + 120_000);
-    assert.ok(clock.offsetMs >= 120_000 && clock.offsetMs <= 121_000, `the twin moved the shared offset (${clock.offsetMs})`);
+    const target = Date.now() + 120_000;
+    twin.setAtLeast(target);
+    assert.ok(clock.nowMs() >= target, `the twin moved the shared offset (${clock.offsetMs})`);
   });
 });
 
@@ -87,7 +89,10 @@ describe('short slots', () => {
     const wallet = await fundedWallet(t, '2');
     const first = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
     assert.equal(first.body.status, 'confirmed', JSON.stringify(first.body));
-    await new Promise((resolve) => setTimeout(resolve, 1_700));
+    // Until the chain is past what the first payment's blockhash allowed: 151 blocks on.
+    const { chain } = t.service.ctx;
+    const past = (await chain.getBlockHeight()) + 151n;
+    await eventually(async () => ((await chain.getBlockHeight()) > past ? true : null), '151 more blocks');
     const second = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
     assert.equal(second.body.status, 'confirmed', JSON.stringify(second.body));
   });

@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { Resolver } from 'node:dns/promises';
 import { after, before, describe, mock, test } from 'node:test';
 import { ManualClock } from '../clock/clock.ts';
-import { DELIVERY_TIMEOUT_MS, sendAttempts, type AttemptRequest } from './attempt.ts';
+import { sendAttempts, type AttemptRequest } from './attempt.ts';
 import { startReceiver, type Receiver } from './testing.ts';
 
 /** A name DNS answers for only after SLOW_NAME_RESOLUTION_MS. */
@@ -63,15 +63,12 @@ describe('sendAttempts', () => {
     receiver.reply = () => ({ status: 204, delayMs: 3_000 });
     try {
       const clock = new ManualClock(Date.now());
-      const startedMs = performance.now();
       const [sent] = await sendAttempts([request(receiver.url('/slow', SLOW_NAME), 100)], { allowPrivate: true, concurrency: 1 }, clock);
-      const tookMs = performance.now() - startedMs;
       const { result } = sent!;
+      // With 5 s for each of the resolution and the request, the answer at 6 s would be a success.
       assert.equal(result.succeeded, false, 'the answer came after the deadline');
       assert.equal(result.statusCode, null);
-      assert.match(result.error ?? '', new RegExp(`within ${DELIVERY_TIMEOUT_MS} ms`));
-      assert.ok(result.latencyMs >= DELIVERY_TIMEOUT_MS - 50 && result.latencyMs < DELIVERY_TIMEOUT_MS + 500, `latency ${result.latencyMs} ms`);
-      assert.ok(tookMs < DELIVERY_TIMEOUT_MS + 500, `the batch took ${Math.round(tookMs)} ms`);
+      assert.match(result.error ?? '', /within 5000 ms/);
       assert.equal(receiver.received.at(-1)?.path, '/slow', 'the request was sent once the name resolved');
     } finally {
       receiver.reply = replyBefore;

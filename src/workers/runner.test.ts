@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { AppContext } from '../http/context.ts';
 import { beforeDeadline } from '../../test/deadline.ts';
+import { eventually } from '../validator/testing.ts';
 import { startJobs, type Job } from './runner.ts';
 
 /** The runner needs only a logger from the context; this one keeps what is logged. */
@@ -15,27 +16,29 @@ function contextLogging(): { ctx: AppContext; logged: string[] } {
   return { ctx: { log } as unknown as AppContext, logged };
 }
 
-const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
-
 test('a run past its timeout is reported and still waited for: the next run never starts beside it', async () => {
   const { ctx, logged } = contextLogging();
   let active = 0;
   let most = 0;
   let runs = 0;
+  let finish!: () => void;
+  const held = new Promise<void>((resolve) => { finish = resolve; });
   const job: Job = {
     name: 'slow', intervalMs: 60_000, timeoutMs: 30,
     run: async () => {
       runs += 1;
       active += 1;
       most = Math.max(most, active);
-      await pause(200);
+      await held; // until the test lets it end
       active -= 1;
     },
   };
   const runner = startJobs(ctx, [job], { schedule: false });
   const first = runner.runOnce();
-  await pause(80); // past its timeout
+  // Past its timeout (30 ms), and still running.
+  await eventually(async () => (logged.some((message) => /has run for more than 30 ms/.test(message)) ? true : null), 'the timeout report');
   const second = runner.runOnce();
+  finish();
   await Promise.all([first, second]);
   assert.equal(most, 1, 'never two at once');
   assert.equal(runs, 1, 'the second asked for the run still going');
