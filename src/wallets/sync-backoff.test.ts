@@ -9,10 +9,12 @@
  * create without the organisation's reserve. The real database, validator and job function.
  */
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
 import { Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import pino from 'pino';
+import { encodeBase58 } from '../chain/base58.ts';
 import type { ChainClient } from '../chain/client.ts';
 import { newId } from '../ids/ids.ts';
 import { bootstrapOrganizations, createOrganization } from '../organizations/organizations.ts';
@@ -176,9 +178,10 @@ describe('the wallets.sync back-off', () => {
     // Another process's sync sent an update and died; its lease has lapsed (a test clock moved
     // forward, or slots longer than 400 ms), but the chain is not past the update's last valid height.
     const height = await ctx.chain.getBlockHeight();
+    const sent = encodeBase58(randomBytes(64)); // its update, which the chain has not seen (yet)
     const heldBy = async (validHeight: bigint) => ctx.db.query(
-      `UPDATE wallets SET status = 'frozen', chain_status = 'pending', sync_holder = 'died', sync_lease_until = $2, sync_valid_height = $3
-       WHERE id = $1`, [wallet.wallet_id, new Date(ctx.clock.nowMs() - 1), validHeight]);
+      `UPDATE wallets SET status = 'frozen', chain_status = 'pending', sync_holder = 'died', sync_lease_until = $2,
+         sync_signature = $3, sync_valid_height = $4 WHERE id = $1`, [wallet.wallet_id, new Date(ctx.clock.nowMs() - 1), sent, validHeight]);
     await heldBy(height + 100n);
     assert.equal(await syncWalletToChain(ctx, t.orgId, wallet.wallet_id), false, 'left to the update that may land');
     assert.equal((await statesOf([wallet.wallet_id])).get(wallet.wallet_id)!.chain_status, 'pending');
@@ -201,15 +204,16 @@ describe('the wallets.sync back-off', () => {
     }
     // Frozen by a writer that died before syncing (the job's to finish).
     await ctx.db.query(`UPDATE wallets SET status = 'frozen', chain_status = 'pending' WHERE id = ANY($1)`, [ids]);
-    const { execute } = ctx.chain;
-    ctx.chain.execute = async (...args: Parameters<typeof execute>) => {
+    // Each vault update takes 300 ms to send.
+    const { submit } = ctx.chain;
+    ctx.chain.submit = async (...args: Parameters<typeof submit>) => {
       await new Promise((resolve) => setTimeout(resolve, 300));
-      return execute.apply(ctx.chain, args);
+      return submit.apply(ctx.chain, args);
     };
     try {
       assert.ok(await syncPendingWallets(ctx, { runBudgetMs: 100 }) <= 1, 'one sync (this suite\'s other wallets may come first), then the budget is spent');
     } finally {
-      ctx.chain.execute = execute;
+      ctx.chain.submit = submit;
     }
     const pending = async () => [...(await statesOf(ids)).values()].filter((state) => state.chain_status === 'pending').length;
     assert.ok(await pending() >= 2, 'at most one of these synced in the run');

@@ -204,15 +204,15 @@ describe('wallets', () => {
       const pinned = clock.nowMs();
       clock.nowMs = () => pinned;
     }
-    const execute = chain.execute;
+    const submit = chain.submit;
     let letFreezeLand!: () => void;
     const freezeHeld = new Promise<void>((resolve) => { letFreezeLand = resolve; });
     let calls = 0;
     // The freeze's transaction is slow to land (a far RPC node, a cluster's confirmation).
-    chain.execute = async (...args: Parameters<typeof execute>) => {
+    chain.submit = async (...args: Parameters<typeof submit>) => {
       calls += 1;
       if (calls === 1) await freezeHeld;
-      return execute.apply(chain, args);
+      return submit.apply(chain, args);
     };
     try {
       const freeze = t.request('PATCH', `/v1/wallets/${wallet.wallet_id}`, { body: { status: 'frozen' } });
@@ -224,7 +224,7 @@ describe('wallets', () => {
       letFreezeLand();
       assert.equal((await freeze).status, 200);
     } finally {
-      chain.execute = execute;
+      chain.submit = submit;
       clock.nowMs = nowMs;
     }
     const [row] = await db.query<{ status: string; chain_status: string; sync_holder: string | null }>(
@@ -236,21 +236,24 @@ describe('wallets', () => {
   test('a sync whose chain calls were slow holds the wallet for 90 s after its last send, not after its start', async () => {
     const wallet = await createWallet(t);
     const { chain, db, clock } = t.service.ctx;
-    const { getVault, execute } = chain;
+    const { getVault, submit, waitForOutcome } = chain;
     const nowMs = clock.nowMs;
     let offsetMs = 0;
     clock.nowMs = () => nowMs.call(clock) + offsetMs;
-    let lateFreeze: Parameters<typeof execute> | null = null;
-    // The freeze's sync: its read of the vault takes 35 s, then its send is made but its
-    // confirmation never comes (30 s). What it sent can land for a minute after.
+    let lateFreeze: Parameters<typeof submit>[0] | null = null;
+    // The freeze's sync: its read of the vault takes 35 s, then its send is made but does not
+    // land yet, and its confirmation never comes (30 s). What it sent can land for a minute after.
     chain.getVault = async (...args: Parameters<typeof getVault>) => {
       chain.getVault = getVault;
       offsetMs += 35_000;
       return getVault.apply(chain, args);
     };
-    chain.execute = async (...args: Parameters<typeof execute>) => {
-      chain.execute = execute;
-      lateFreeze = args;
+    chain.submit = async (prepared) => {
+      chain.submit = submit;
+      lateFreeze = prepared;
+    };
+    chain.waitForOutcome = async () => {
+      chain.waitForOutcome = waitForOutcome;
       offsetMs += 30_000;
       throw new Error('not confirmed within 30000 ms');
     };
@@ -263,12 +266,14 @@ describe('wallets', () => {
       const [held] = await db.query<{ chain_status: string }>('SELECT chain_status FROM wallets WHERE id = $1', [wallet.wallet_id]);
       assert.equal(held!.chain_status, 'pending', 'not taken over while what it sent can land');
       assert.ok(lateFreeze, 'the freeze was sent');
-      await execute.apply(chain, lateFreeze); // it lands
-      // The lease lapses; the job takes the wallet over and unfreezes the vault.
+      const landed = lateFreeze as Parameters<typeof submit>[0];
+      await submit.call(chain, landed); // it lands
+      await waitForOutcome.call(chain, landed.signature);
+      // The lease lapses; the job takes the wallet over (what was sent has landed) and unfreezes the vault.
       offsetMs += 35_000;
       await syncPendingWallets(t.service.ctx);
     } finally {
-      Object.assign(chain, { getVault, execute });
+      Object.assign(chain, { getVault, submit, waitForOutcome });
       clock.nowMs = nowMs;
     }
     const [row] = await db.query<{ status: string; chain_status: string }>('SELECT status, chain_status FROM wallets WHERE id = $1', [wallet.wallet_id]);

@@ -10,8 +10,8 @@
  */
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Type } from 'typebox';
-import { address, type Address, type Instruction } from '@solana/kit';
-import { referenceMemoIx } from '../chain/client.ts';
+import { address, type Address, type Instruction, type Signature } from '@solana/kit';
+import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Clock } from '../clock/clock.ts';
 import type { Queryable } from '../db/database.ts';
 import { invalidRequest, ServiceError } from '../errors/errors.ts';
@@ -394,22 +394,26 @@ class SyncLeaseLost extends Error {}
  */
 export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: string): Promise<boolean> {
   const holder = randomUUID();
-  // Read before the claim: a transaction the last holder sent that is not past its last valid
-  // height by then may still land.
-  const height = await ctx.chain.getBlockHeight();
   const claimedAt = ctx.clock.nowMs();
+  // The last send of a sync whose lease lapsed may still be in flight: taken over only once the
+  // chain has its outcome or is past its last valid height (and the reconciler's margin). The
+  // claim then requires the same last send, so a sync that sent again meanwhile is not taken.
+  const [held] = await ctx.db.query<{ sync_signature: string | null; sync_valid_height: bigint | null }>(
+    'SELECT sync_signature, sync_valid_height FROM wallets WHERE org_id = $1 AND id = $2', [orgId, walletId]);
+  if (!held) return false;
+  if (held.sync_signature !== null && !(await sendSettled(ctx, held.sync_signature, held.sync_valid_height!))) return false;
   const [claimed] = await ctx.db.query<WalletRow>(
-    `UPDATE wallets SET sync_holder = $3, sync_lease_until = $4, sync_valid_height = NULL
+    `UPDATE wallets SET sync_holder = $3, sync_lease_until = $4, sync_signature = NULL, sync_valid_height = NULL
      WHERE org_id = $1 AND id = $2 AND (sync_lease_until IS NULL OR sync_lease_until <= $5)
-       AND (sync_valid_height IS NULL OR sync_valid_height + $7 < $6) RETURNING *`,
-    [orgId, walletId, holder, new Date(claimedAt + WALLET_SYNC_LEASE_MS), new Date(claimedAt), height, EXPIRY_MARGIN_BLOCKS]);
+       AND sync_signature IS NOT DISTINCT FROM $6 RETURNING *`,
+    [orgId, walletId, holder, new Date(claimedAt + WALLET_SYNC_LEASE_MS), new Date(claimedAt), held.sync_signature]);
   if (!claimed) return false;
-  /** Before each send: the lease renewed, and the height until which that send may land noted. */
-  const renew = async (validHeight: bigint) => {
+  /** Before each send: the lease renewed, and the send noted (each waits for the one before it). */
+  const renew = async (prepared: PreparedTransaction) => {
     const renewed = await ctx.db.query(
-      `UPDATE wallets SET sync_lease_until = $3, sync_valid_height = GREATEST(COALESCE(sync_valid_height, 0), $4)
+      `UPDATE wallets SET sync_lease_until = $3, sync_signature = $4, sync_valid_height = $5
        WHERE id = $1 AND sync_holder = $2 RETURNING id`,
-      [walletId, holder, new Date(ctx.clock.nowMs() + WALLET_SYNC_LEASE_MS), validHeight]);
+      [walletId, holder, new Date(ctx.clock.nowMs() + WALLET_SYNC_LEASE_MS), prepared.signature, prepared.lastValidBlockHeight]);
     if (!renewed.length) throw new SyncLeaseLost();
   };
   /**
@@ -428,7 +432,7 @@ export async function syncWalletToChain(ctx: Ctx, orgId: string, walletId: strin
   };
   /** Gives the wallet up, the back-off cleared (why null) or counted. */
   const release = (q: Queryable, why: string | null) =>
-    q.query(`UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL, sync_valid_height = NULL, sync_failures = $3, sync_retry_at = $4
+    q.query(`UPDATE wallets SET sync_holder = NULL, sync_lease_until = NULL, sync_signature = NULL, sync_valid_height = NULL, sync_failures = $3, sync_retry_at = $4
              WHERE id = $1 AND sync_holder = $2`, [walletId, holder, ...backOff(why)]);
   let wallet = claimed;
   for (let pass = 1; ; pass += 1) {
@@ -494,6 +498,15 @@ export function syncRetryDelayMs(failures: number): number {
   return backoffMs(failures, SYNC_RETRY_FIRST_MS, SYNC_RETRY_MAX_MS);
 }
 
+/** Whether a vault update a sync sent can no longer land: the chain has its outcome, or is past its last valid height. */
+async function sendSettled(ctx: Ctx, signature: string, validHeight: bigint): Promise<boolean> {
+  // The height first, as the reconciler reads them: a status read after it is at least as recent.
+  const height = await ctx.chain.getBlockHeight();
+  if (height > validHeight + EXPIRY_MARGIN_BLOCKS) return true;
+  const [outcome] = await ctx.chain.getOutcomes([signature as Signature]);
+  return outcome !== null && outcome !== undefined;
+}
+
 /** How long a sync waits for a vault update's outcome before it gives up (keeping its lease). */
 const VAULT_UPDATE_WAIT_MS = 30_000;
 
@@ -527,12 +540,12 @@ function vaultUpdateReference(walletId: string): string {
  * compared after it like any other.
  */
 async function sendVaultChanges(
-  ctx: Ctx, orgId: string, wallet: WalletRow, beforeSend: (validHeight: bigint) => Promise<void>,
+  ctx: Ctx, orgId: string, wallet: WalletRow, beforeSend: (prepared: PreparedTransaction) => Promise<void>,
 ): Promise<VaultPass> {
-  /** Signed, then `beforeSend` told until when it may land, then sent, and its outcome waited for (30 s at most). */
+  /** Signed, then noted by `beforeSend`, then sent, and its outcome waited for (30 s at most). */
   const send = async (instructions: Instruction[]) => {
     const prepared = await ctx.chain.prepare(instructions);
-    await beforeSend(prepared.lastValidBlockHeight);
+    await beforeSend(prepared);
     await ctx.chain.submit(prepared);
     return ctx.chain.waitForOutcome(prepared.signature, VAULT_UPDATE_WAIT_MS);
   };
