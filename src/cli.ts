@@ -6,6 +6,7 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, type Config } from './config/config.ts';
+import { ValidatorLockedError } from './validator/state-file.ts';
 import type { ServiceClock } from './clock/service-clock.ts';
 import type { Database } from './db/database.ts';
 
@@ -273,7 +274,27 @@ export async function main(argv: string[]): Promise<number> {
       console.error(`agent-vault ${name}: ${(error as Error).message}`);
       return 2;
     }
-    console.error(error);
+    // What the operator can fix (the data dir in use, a port taken, a database not reachable)
+    // in one line; anything else is a fault of ours, with its stack for the report.
+    const operational = operationalMessage(error);
+    console.error(operational === null ? error : `agent-vault ${name}: ${operational}`);
     return 1;
   }
+}
+
+/** Errors of the machine around the service, not of the service: their message says all. */
+const OPERATIONAL_CODES = new Set([
+  'EADDRINUSE', 'EADDRNOTAVAIL', 'EACCES', 'ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH',
+  'ENETUNREACH', '28P01', '3D000', '28000', '57P03',
+]);
+
+function operationalMessage(error: unknown): string | null {
+  if (error instanceof ValidatorLockedError) return error.message;
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && OPERATIONAL_CODES.has(code)) return (error as Error).message;
+  // node-postgres reports a refused connection to each of a host's addresses as one AggregateError.
+  if (error instanceof AggregateError && error.errors.length > 0 && error.errors.every((inner) => operationalMessage(inner) !== null)) {
+    return operationalMessage(error.errors[0]);
+  }
+  return null;
 }

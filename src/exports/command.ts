@@ -131,9 +131,19 @@ function apiCaller(options: ExportCommandOptions) {
     } catch (error) {
       throw new ExportCommandError(`cannot reach ${options.baseUrl}: ${(error as Error).message}`);
     }
-    const text = await response.text();
+    let text: string;
+    try {
+      text = await response.text();
+    } catch (error) {
+      throw new ExportCommandError(`${method} ${path}: the answer was cut off (${(error as Error).message})`);
+    }
     if (!response.ok) throw new ExportCommandError(`${method} ${path}: ${describeError(response.status, text)}`);
-    return JSON.parse(text) as T;
+    try {
+      return JSON.parse(text) as T;
+    } catch {
+      throw new ExportCommandError(`${method} ${path}: ${options.baseUrl} did not answer as the Agent Vault API `
+        + `(HTTP ${response.status}, ${response.headers.get('content-type') ?? 'no content type'})`);
+    }
   };
 }
 

@@ -16,7 +16,7 @@ import { fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
 import { listMigrations, migrate } from '../db/migrate.ts';
 import { newId } from '../ids/ids.ts';
-import { runExportCommand } from './command.ts';
+import { ExportCommandError, runExportCommand } from './command.ts';
 import {
   BUILD_ATTEMPTS_MAX, BUILD_LEASE_MS, KEPT_PER_ORG_MAX, KEPT_ROWS_PER_ORG_MAX, PROCESSING_PER_ORG_MAX, claimExport,
 } from './exports.ts';
@@ -546,6 +546,22 @@ describe('transaction exports', () => {
     } finally {
       gateway.close();
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test('agent-vault export told a page that is not the API (a login page at that URL) says so, in its own words', async () => {
+    const page = createServer((_request, response) => {
+      response.setHeader('content-type', 'text/html');
+      response.end('<html>login</html>');
+    });
+    await new Promise<void>((resolve) => page.listen(0, '127.0.0.1', resolve));
+    try {
+      await assert.rejects(runExportCommand(
+        { baseUrl: `http://127.0.0.1:${(page.address() as AddressInfo).port}`, apiKey: viewerKey, format: 'csv', filters: {}, out: null, force: false },
+        { stderr: { write: () => true }, wait: async () => {} }),
+      (error: Error) => error instanceof ExportCommandError && /did not answer as the Agent Vault API \(HTTP 200, text\/html\)/.test(error.message));
+    } finally {
+      page.close();
     }
   });
 

@@ -11,6 +11,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { createServer, type AddressInfo } from 'node:net';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -141,6 +142,26 @@ describe('agent-vault operator commands', () => {
     assert.equal(unknownCommand!.stdout, '');
     assert.match(unknownCommand!.stderr, /^unknown command "frobnicate"/);
     assert.match(unknownCommand!.stderr, /keys create --role <role>/, 'the usage follows');
+  });
+
+  test('a database that does not answer, a port already taken: exit 1 with one line saying so, no stack', async () => {
+    const taken = createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    try {
+      const port = String((taken.address() as AddressInfo).port);
+      const [unreachable, busy] = await Promise.all([
+        runCli(['migrate'], { ...env, DATABASE_URL: 'postgres://postgres@127.0.0.1:1/nothing' }),
+        runCli(['validator', '--port', port], cliEnv(mkdtempSync(join(tmpdir(), 'av-cli-port-')), null)),
+      ]);
+      for (const [outcome, command, message] of [[unreachable, 'migrate', /ECONNREFUSED/], [busy, 'validator', /EADDRINUSE/]] as const) {
+        assert.equal(outcome.code, 1, JSON.stringify(outcome));
+        assert.match(outcome.stderr, new RegExp(`^agent-vault ${command}: .*\\n$`), JSON.stringify(outcome));
+        assert.match(outcome.stderr, message);
+        assert.doesNotMatch(outcome.stderr, /\n\s+at /, 'no stack');
+      }
+    } finally {
+      await new Promise((resolve) => taken.close(resolve));
+    }
   });
 
   test('migrate applies every migration once; run again, it changes nothing', async () => {
