@@ -17,6 +17,7 @@ import { performance } from 'node:perf_hooks';
 import { runWalletAutomation } from '../src/automation/automation.ts';
 import { startTestService } from '../test/harness.ts';
 import { fundedWallet } from '../test/fixtures.ts';
+import { positiveInteger } from './args.ts';
 
 const { values } = parseArgs({
   options: {
@@ -28,11 +29,6 @@ const { values } = parseArgs({
   strict: true,
 });
 
-function positiveInteger(name: string, text: string | undefined): number {
-  const value = Number(text);
-  if (!Number.isInteger(value) || value <= 0) throw new Error(`--${name} must be a positive integer, got ${text}`);
-  return value;
-}
 const vaults = positiveInteger('vaults', values.vaults);
 const due = positiveInteger('due', values.due);
 const runs = positiveInteger('runs', values.runs);

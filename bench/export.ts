@@ -25,6 +25,7 @@ import { parseArgs } from 'node:util';
 import { generateKeyPairSigner } from '@solana/kit';
 import pg from 'pg';
 import { freePort, stopProcess, waitForHealth } from '../test/processes.ts';
+import { positiveInteger } from './args.ts';
 
 const { values } = parseArgs({
   options: {
@@ -39,12 +40,6 @@ const { values } = parseArgs({
   },
   strict: true,
 });
-
-function positiveInteger(name: string, text: string | undefined): number {
-  const value = Number(text);
-  if (!Number.isInteger(value) || value <= 0) throw new Error(`--${name} must be a positive integer, got ${text}`);
-  return value;
-}
 
 const rowCount = positiveInteger('rows', values.rows);
 const seconds = positiveInteger('seconds', values.seconds);

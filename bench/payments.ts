@@ -29,6 +29,7 @@ import { DAY_MS, HOUR_MS, monthKey } from '../src/payments/policy-engine.ts';
 import { freePort, stopProcess, waitForHealth } from '../test/processes.ts';
 import { RawPostClient } from './raw-post.ts';
 import { RawReceiver } from './raw-receiver.ts';
+import { positiveInteger } from './args.ts';
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -51,12 +52,6 @@ const { values } = parseArgs({
   },
   strict: true,
 });
-
-function positiveInteger(name: string, text: string | undefined): number {
-  const value = Number(text);
-  if (!Number.isInteger(value) || value <= 0) throw new Error(`--${name} must be a positive integer, got ${text}`);
-  return value;
-}
 
 const seconds = positiveInteger('seconds', values.seconds);
 function positiveIntegers(name: string, text: string | undefined): number[] {
