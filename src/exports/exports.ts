@@ -236,9 +236,8 @@ export async function createExport(ctx: AppContext, principal: Principal, input:
     await lockOrganization(tx, principal.orgId);
     await assertBelowQuota(tx, principal.orgId, nowMs, rows);
     const [row] = await tx.query<ExportRow>(
-      `INSERT INTO exports (id, org_id, format, json_array, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at,
-         build_after_xid)
-       VALUES ($1, $2, $3, TRUE, 'processing', $4, $5, $6, $7, $8, $8, ${SNAPSHOT_XMAX})
+      `INSERT INTO exports (id, org_id, format, json_array, status, filter, estimated_rows, estimated_ready_at, created_by, created_at, updated_at)
+       VALUES ($1, $2, $3, TRUE, 'processing', $4, $5, $6, $7, $8, $8)
        RETURNING *`,
       [newId('exp', nowMs), principal.orgId, format, JSON.stringify(stored), rows, estimatedReadyAt, principal.keyId, createdAt]);
     return row!;
@@ -311,22 +310,11 @@ class LeaseLost extends Error {}
  * deleting what an interrupted build left. One that used up its attempts fails instead
  * (returned too, with status `failed`). Null when nothing waits.
  */
-/**
- * The first transaction id not yet started when a request is recorded, and the oldest one still
- * running now: an export is built once every transaction running at its request has ended, so
- * that a row committed late with a created_at before the request (a payment that waited for its
- * vault's lock) is there when the build reads its page. PostgreSQL's own horizon: the cluster's
- * oldest running transaction holds it, as it holds webhook deliveries (docs/operations.md).
- */
-const SNAPSHOT_XMAX = 'pg_snapshot_xmax(pg_current_snapshot())::text::bigint';
-const SNAPSHOT_XMIN = 'pg_snapshot_xmin(pg_current_snapshot())::text::bigint';
-
 export async function claimExport(db: Database, nowMs: number): Promise<ExportRow | null> {
   return db.transaction(async (tx) => {
     const [due] = await tx.query<ExportRow>(
       `SELECT e.* FROM exports e
        WHERE e.status = 'processing' AND (e.lease_until IS NULL OR e.lease_until <= $1)
-         AND (e.build_after_xid IS NULL OR e.build_after_xid <= ${SNAPSHOT_XMIN})
        ORDER BY (SELECT max(b.build_started_at) FROM exports b WHERE b.org_id = e.org_id) NULLS FIRST, e.created_at, e.id
        LIMIT 1 FOR UPDATE OF e SKIP LOCKED`, [new Date(nowMs)]);
     if (!due) return null;
