@@ -27,10 +27,11 @@ export class GroupCommit<Item, Result> {
    * `write` answers one outcome per item, in order, and must write nothing when it throws (one
    * database transaction) — unless the throw is a lost answer to its COMMIT, which it cannot
    * tell from a failure: each item is then written again on its own with `retried` set, and a
-   * write that may find its item already written must look (the payments do). At most `concurrency` batches are written at once, each of at most
-   * `maxBatch` items. `gather`: an idle queue waits until the promise callbacks queued meanwhile
-   * have run before it writes, so that work submitted together (many waiters woken by one answer)
-   * is written as one batch rather than a batch of one and then the rest.
+   * write that may find its item already written must look (the payments do). At most
+   * `concurrency` batches are written at once, each of at most `maxBatch` items. `gather`: an
+   * idle queue waits until the promise callbacks queued meanwhile have run before it writes, so
+   * that work submitted together (many waiters woken by one answer) is written as one batch
+   * rather than a batch of one and then the rest.
    */
   constructor(
     write: (items: Item[], retried: boolean) => Promise<Array<BatchOutcome<Result>>>,

@@ -431,7 +431,8 @@ export async function completeEscrow(
   const before = await getEscrow(ctx.db, orgId, escrowId);
   assertCompletable(before, ctx.clock.nowMs());
   await verifyProof(ctx.db, ctx.clock.nowMs(), before, proof, { callerOrgId: orgId, allowPrivate: ctx.config.allowPrivateWebhooks });
-  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'release', [await ctx.chain.escrowReleaseIx(escrowId, address(before.receiver_address))]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'release',
+    [await ctx.chain.escrowReleaseIx(escrowId, address(before.receiver_address))]);
   await ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const escrow = await lockEscrow(tx, orgId, escrowId);
@@ -555,7 +556,7 @@ export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disput
 }
 
 /** A move in flight for this long (service clock) is sent again at each tick while it can land. */
-export const RESEND_AFTER_MS = 2_000;
+const RESEND_AFTER_MS = 2_000;
 
 /**
  * Sends again, as signed, every escrow move in flight for `RESEND_AFTER_MS` whose blockhash still
@@ -581,7 +582,8 @@ async function resendInFlight(ctx: Ctx): Promise<void> {
 async function refundExpired(ctx: Ctx, orgId: string, escrowId: string): Promise<PreparedTransaction | null> {
   const escrow = await getEscrow(ctx.db, orgId, escrowId);
   const [sender] = await ctx.db.query<{ chain_address: string }>('SELECT chain_address FROM wallets WHERE id = $1', [escrow.from_wallet_id]);
-  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'refund', [await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address))]);
+  const prepared = await prepareEscrowMove(ctx.chain, escrowId, 'refund',
+    [await ctx.chain.escrowRefundIx(escrowId, address(sender!.chain_address))]);
   return ctx.db.transaction(async (tx) => {
     const nowMs = ctx.clock.nowMs();
     const locked = await lockEscrow(tx, orgId, escrowId);

@@ -382,14 +382,6 @@ type LockedWallet = WalletRow & RuleColumns & { has_policy: boolean };
 interface Spent { amount: bigint; lastBlocked: boolean }
 
 /**
- * Decides and records a batch of payments in one database transaction, in their order: the
- * vaults' rows are locked (by id, the lock order everywhere), each payment is checked against
- * its vault as the payments before it left it — frozen, the policy against the spend windows
- * at this instant, the balance — and then every accepted one is recorded `pending`, debited and
- * counted, with its `transaction.pending`, in one statement for the whole batch. A refusal is
- * that payment's answer only; a blocked one is recorded with its violation.
- */
-/**
  * A payment written again on its own after its batch's write threw: the batch may have been
  * committed all the same (the connection lost with COMMIT's answer). Then it is answered as
  * recorded — and sent by its request — rather than decided a second time against a vault it
@@ -404,6 +396,14 @@ async function alreadyRecorded(ctx: Ctx, item: PaymentToRecord): Promise<Array<B
   return [{ ok: true, value: decided }];
 }
 
+/**
+ * Decides and records a batch of payments in one database transaction, in their order: the
+ * vaults' rows are locked (by id, the lock order everywhere), each payment is checked against
+ * its vault as the payments before it left it — frozen, the policy against the spend windows
+ * at this instant, the balance — and then every accepted one is recorded `pending`, debited and
+ * counted, with its `transaction.pending`, in one statement for the whole batch. A refusal is
+ * that payment's answer only; a blocked one is recorded with its violation.
+ */
 async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Promise<Array<BatchOutcome<Decided>>> {
   return ctx.db.transaction(async (tx) => {
     const readMs = ctx.clock.nowMs();
