@@ -27,6 +27,9 @@ NOINLINE uint64_t spend_from_vault(const Spend *s, Vault **vault_out) {
     REQUIRE(policy->expiry == 0 || s->now < policy->expiry, ERR_POLICY_EXPIRED);
     REQUIRE(s->amount <= policy->max_per_tx, ERR_OVER_MAX_PER_TX);
     int64_t day = utc_day_start(s->now);
+    // A clock that went back (validators' timestamps may) stays in the later day: its spending
+    // must not become available again.
+    if (day < vault->day_start) day = vault->day_start;
     uint64_t spent = vault->day_start == day ? vault->day_spent : 0;
     uint64_t day_total;
     REQUIRE(!__builtin_add_overflow(spent, s->amount, &day_total), ERR_ARITHMETIC_OVERFLOW);

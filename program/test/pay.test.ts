@@ -146,6 +146,20 @@ describe('Pay refuses a spend outside the rules', () => {
     expectProgramError(await b.send([await b.payInstruction(v, recipient.address, 1n)]), 'OverDailyCap');
   });
 
+  // Validators' timestamps can go back; a day already spent must not be spent again.
+  test('a clock gone back to the day before keeps counting the later day', async () => {
+    const { b, v, recipient } = await bench({ maxPerDay: 10n * USDC });
+    const midnight = b.now() - (b.now() % DAY_S);
+    b.setTime(midnight + DAY_S + 5n); // 00:00:05 the next day
+    expectOk(await b.send([await b.payInstruction(v, recipient.address, 10n * USDC)]));
+    b.setTime(midnight + DAY_S - 5n); // back to 23:59:55 the day before
+    expectProgramError(await b.send([await b.payInstruction(v, recipient.address, 1n)]), 'OverDailyCap');
+    const vault = b.vault(v.vault);
+    assert.equal(vault.dayStart, midnight + DAY_S);
+    assert.equal(vault.daySpent, 10n * USDC);
+    assert.equal(b.tokens(v.vaultToken), 90n * USDC);
+  });
+
   test('an expired policy: PolicyExpired from the expiry second on', async () => {
     const { b, v, recipient } = await bench();
     const expiry = b.now() + 100n;
