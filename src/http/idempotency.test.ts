@@ -72,7 +72,8 @@ describe('idempotency keys', () => {
       runs += 1;
       return { status: 200, body: { ranAgain: true } };
     });
-    assert.deepEqual(retried, { status: 200, body: { recovered: 'tx_recorded' }, replayed: false });
+    assert.deepEqual(retried, { status: 200, body: { recovered: 'tx_recorded' }, replayed: true },
+      'the record is the first request\'s work, so the answer is a replay');
     assert.equal(runs, 1, 'the work ran once');
     const replay = await runIdempotent(t.service.ctx.db, op(key, 10_002, { recover }), async () => ({ status: 500, body: {} }));
     assert.equal(replay.replayed, true);

@@ -173,7 +173,8 @@ export async function runIdempotent(
     throw error;
   }
   await finish(db, op.orgId, key, holder, outcome);
-  return { ...outcome, replayed: false };
+  // A recovered answer is an earlier request's work: this request made nothing.
+  return { ...outcome, replayed: claim.mode === 'recover' };
 }
 
 /**

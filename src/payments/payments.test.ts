@@ -1114,6 +1114,7 @@ describe('payments under concurrency', () => {
     const retried = await t.request('POST', '/v1/payments', { body, headers: { 'idempotency-key': key } });
     assert.equal(retried.status, 200, JSON.stringify(retried.body));
     assert.equal(retried.body.tx_id, paid.body.tx_id, 'the recorded payment, not a new one');
+    assert.equal(retried.headers['idempotency-replayed'], 'true', 'marked as a replay: this request made nothing');
     assert.equal(retried.body.status, 'confirmed');
     assert.equal(await countRows(t, wallet.wallet_id), 1);
     assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');

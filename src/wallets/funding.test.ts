@@ -475,6 +475,7 @@ describe('crash recovery', () => {
       assert.equal(retried.status, 200, JSON.stringify(retried.body));
       assert.equal(retried.body.status, 'failed');
       assert.equal(retried.body.tx_id, recorded.id);
+      assert.equal(retried.headers['idempotency-replayed'], 'true', 'the crashed request\'s funding, not this one\'s');
       assert.equal(retried.body.org_balance_remaining, reserveBefore);
     }
     await assertIndexEqualsChainAndConserved(t);
