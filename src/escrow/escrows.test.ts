@@ -448,15 +448,15 @@ describe('escrow', () => {
       encodeAttestation({ escrow_id: escrow.escrow_id, task_hash: escrow.task_hash, ...extra },
         (message) => signWithSessionToken(signer, message));
 
-    const forged: Array<[string, Record<string, unknown>, RegExp]> = [
+    const forged: Array<[string, Record<string, unknown>, RegExp, string?]> = [
       [withHash.escrow_id, { proofType: 'output_hash', proof: 'sha256:abc' }, /64 lowercase hex/],
       [withHash.escrow_id, { proofType: 'output_hash', proof: sha256Of('other output') }, /expectedOutputHash/],
-      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /needs outputUrl/],
+      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /needs outputUrl/, 'output_url'],
       // The receiver can read the expected hash in the escrow: sending it back proves nothing.
-      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /needs outputUrl/],
+      [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH }, /needs outputUrl/, 'output_url'],
       [withHash.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/elsewhere` }, /bytes at outputUrl differs/],
       [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/elsewhere` }, /bytes at outputUrl differs/],
-      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: 'http://127.0.0.1:1/report' }, /could not be fetched/],
+      [plain.escrow_id, { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: 'http://127.0.0.1:1/report' }, /could not be fetched/, 'output_url'],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(plain, otherToken) }, /not signed by the receiving vault/],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: attest(withHash, token) }, /another escrow/],
       [plain.escrow_id, { proofType: 'signed_attestation', proof: attest({ ...plain, task_hash: sha256Of('x') }, token) }, /another task/],
@@ -471,11 +471,12 @@ describe('escrow', () => {
       [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS, plain.escrow_id) }, /does not verify/],
       [verified.escrow_id, { proofType: 'webhook_callback', proof: signCallbackProof(verifier.body.signing_secret, nowS - 3600, verified.escrow_id) }, /seconds away/],
     ];
-    for (const [escrowId, body, message] of forged) {
+    for (const [escrowId, body, message, param = 'proof'] of forged) {
       const response = await t.request('POST', `/v1/payments/a2a/${escrowId}/complete`, { body });
       assert.equal(response.status, 400, `${message}: ${JSON.stringify(response.body)}`);
       assert.equal(response.body.error.code, 'invalid_proof');
       assert.match(response.body.error.message, message);
+      assert.equal(response.body.error.param, param, `${message}: the field to correct`);
     }
     for (const escrow of [withHash, plain, verified]) assert.equal((await escrowOf(escrow.escrow_id)).status, 'locked', 'unchanged');
     assert.equal(await balanceOf(t, to.wallet_id), '0.50');
@@ -1020,7 +1021,7 @@ describe('escrow', () => {
     // An account of the service that is not a vault (a reserve, a token account) would take the
     // release where nothing can move it on.
     const reserve = (await t.request('GET', '/v1/organization')).body.reserve;
-    const errors: Array<[Record<string, unknown>, number, string]> = [
+    const errors: Array<[Record<string, unknown>, number, string, string?]> = [
       [{ toWallet: reserve.chain_address }, 400, 'invalid_recipient'],
       [{ toWallet: reserve.token_account }, 400, 'invalid_recipient'],
       [{ toWallet: to.token_account }, 400, 'invalid_recipient'],
@@ -1028,19 +1029,31 @@ describe('escrow', () => {
       [{ amount: 10 }, 400, 'invalid_amount'],
       [{ currency: 'EUR' }, 400, 'invalid_currency'],
       [{ toWallet: 'not an address' }, 400, 'invalid_recipient'],
+      [{ toWallet: '' }, 400, 'invalid_recipient', 'to_wallet'],
+      [{ toWallet: 'x'.repeat(65) }, 400, 'invalid_recipient', 'to_wallet'],
+      [{ toWallet: 5 }, 400, 'invalid_recipient', 'to_wallet'],
       [{ toWallet: from.wallet_id }, 400, 'invalid_recipient'],
-      [{ toWallet: 'wal_missing' }, 404, 'wallet_not_found'],
+      [{ toWallet: 'wal_missing' }, 404, 'wallet_not_found', 'to_wallet'],
+      [{ fromWallet: 'wal_missing' }, 404, 'wallet_not_found', 'from_wallet'],
       [{ amount: '3', toWallet: from.wallet_id, fromWallet: to.wallet_id }, 422, 'wallet_insufficient_balance'],
       [{ timeoutSeconds: 5 }, 400, 'invalid_request'],
       [{ expectedOutputHash: 'md5:abc' }, 400, 'invalid_request'],
       [{ verifierId: 'vrf_missing' }, 400, 'invalid_request'],
     ];
-    for (const [extra, status, code] of errors) {
+    for (const [extra, status, code, param] of errors) {
       const response = await open(from, to.wallet_id, { amount: '1', ...extra });
       assert.equal(response.status, status, `${code}: ${JSON.stringify(response.body)}`);
       assert.equal(response.body.error.code, code);
+      if (param) assert.equal(response.body.error.param, param, JSON.stringify(extra));
     }
-    assert.equal(await balanceOf(t, from.wallet_id), '10.00');
+    // An unknown vault is refused before the idempotency key is taken: the corrected escrow runs under it.
+    const key = unique('mistyped-escrow');
+    const mistyped = await open(from, 'wal_missing', { amount: '1', idempotencyKey: key });
+    assert.equal(mistyped.body.error.code, 'wallet_not_found');
+    const corrected = await open(from, to.wallet_id, { amount: '1', idempotencyKey: key });
+    assert.equal(corrected.status, 200, JSON.stringify(corrected.body));
+    assert.equal(corrected.body.status, 'locked');
+    assert.equal(await balanceOf(t, from.wallet_id), '9.00', 'only the corrected escrow locked anything');
     assert.equal(await balanceOf(t, to.wallet_id), '0.50');
   });
 

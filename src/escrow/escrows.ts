@@ -205,7 +205,7 @@ async function resolveReceiver(q: Queryable, orgId: string, toWallet: string): P
   const receiver = receiverAddress(toWallet);
   if (receiver === null) {
     const [wallet] = await q.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, toWallet]);
-    if (!wallet) throw walletNotFound(toWallet);
+    if (!wallet) throw walletNotFound(toWallet, 'to_wallet');
     assertNotArchived(wallet);
     return {
       address: wallet.chain_address, walletId: wallet.id, orgId: wallet.org_id,
@@ -286,7 +286,7 @@ export async function createEscrow(
   const taskHash = sha256Of(input.taskDescription);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
     const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, input.fromWallet]);
-    if (!unlocked) throw walletNotFound(input.fromWallet);
+    if (!unlocked) throw walletNotFound(input.fromWallet, 'from_wallet');
     assertNotArchived(unlocked);
     if (unlocked.chain_address === receiver.address) {
       throw new ServiceError('invalid_recipient', 'An escrow pays another vault than the one it locks.', { param: 'to_wallet' });

@@ -76,8 +76,8 @@ export interface ProofInput {
   outputUrl: string | null;
 }
 
-export function invalidProof(message: string): ServiceError {
-  return new ServiceError('invalid_proof', message, { param: 'proof' });
+export function invalidProof(message: string, param = 'proof'): ServiceError {
+  return new ServiceError('invalid_proof', message, { param });
 }
 
 export function sha256Of(bytes: Uint8Array | string): string {
@@ -106,16 +106,17 @@ async function verifyOutputHash(escrow: EscrowForProof, input: ProofInput, fetch
   // A hash alone proves nothing: both parties can read the escrow's expected_output_hash. The
   // bytes it is the hash of are the proof that the output was delivered.
   if (input.outputUrl === null) {
-    throw invalidProof('An output_hash proof needs outputUrl, where the service reads the output and hashes it: the hash alone proves no delivery.');
+    throw invalidProof('An output_hash proof needs outputUrl, where the service reads the output and hashes it: the hash alone proves no delivery.',
+      'output_url');
   }
   let body: Buffer;
   takeOutputFetch(fetcherOrgId);
   try {
     const response = await fetchGuarded(input.outputUrl, { timeoutMs: OUTPUT_FETCH_TIMEOUT_MS, maxBytes: OUTPUT_MAX_BYTES, allowPrivate });
-    if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`);
+    if (response.status < 200 || response.status > 299) throw invalidProof(`Fetching outputUrl answered HTTP ${response.status}.`, 'output_url');
     body = response.body;
   } catch (error) {
-    if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`);
+    if (error instanceof OutboundError) throw invalidProof(`outputUrl could not be fetched: ${error.message}.`, 'output_url');
     throw error;
   } finally {
     giveOutputFetch(fetcherOrgId);

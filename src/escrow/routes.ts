@@ -3,7 +3,7 @@
  * resolve (arbiter), read and list. docs/escrow.md has the decisions.
  */
 import { Type } from 'typebox';
-import { amountField, currencyField } from '../http/fields.ts';
+import { amountField, currencyField, recipientField } from '../http/fields.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
@@ -13,7 +13,7 @@ import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage, walletIdOf, wa
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import type { Violation } from '../payments/policy-engine.ts';
 import { getTransaction } from '../transactions/views.ts';
-import { assertVaultAccess, getWallet, walletNotFound } from '../wallets/wallets.ts';
+import { assertVaultAccess, assertWalletsExist, findWallet, getWallet, walletNotFound } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
   completeEscrow, createEscrow, declineEscrow, disputeEscrow, getEscrow, isServiceArbiter, receiverAddress, resolveEscrow,
@@ -156,7 +156,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
         + 'blocked `a2a_send`; nothing is locked.',
       body: Type.Object({
         fromWallet: Type.String({ maxLength: 64 }),
-        toWallet: Type.String({ minLength: 1, maxLength: 64, description: 'a vault id of your organisation, or the chain address of any vault or account' }),
+        toWallet: recipientField('a vault id of your organisation, or the chain address of any vault or account', 64),
         amount: amountField(),
         currency: currencyField(),
         taskDescription: Type.String({ minLength: 1, maxLength: TASK_DESCRIPTION_MAX, description: 'recorded on chain as its SHA-256' }),
@@ -173,15 +173,17 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     const body = request.body;
     if (body.currency !== 'USDC') throw new ServiceError('invalid_currency', `Only USDC is supported, not "${body.currency}".`, { param: 'currency' });
     const amount = amountOf(body.amount, 'amount');
-    const from = await getWallet(ctx.db, principal.orgId, body.fromWallet);
+    const from = await findWallet(ctx.db, principal.orgId, body.fromWallet);
+    if (!from) throw walletNotFound(body.fromWallet, 'from_wallet');
     assertVaultAccess(principal, from, sessionTokenOf(request.headers), ctx.clock.nowMs());
     const input = {
       fromWallet: body.fromWallet, toWallet: body.toWallet.trim(), amount, taskDescription: body.taskDescription,
       timeoutSeconds: body.timeoutSeconds ?? TIMEOUT_SECONDS_DEFAULT, expectedOutputHash: body.expectedOutputHash ?? null,
       verifierId: body.verifierId ?? null,
     };
-    // A malformed toWallet is refused here, before the key is taken, as a malformed amount is.
-    receiverAddress(input.toWallet);
+    // A malformed or unknown toWallet is refused here, before the key is taken, as a malformed
+    // amount is: the corrected request may use the same key.
+    if (receiverAddress(input.toWallet) === null) await assertWalletsExist(ctx.db, principal.orgId, [input.toWallet], () => 'to_wallet');
     const result = await runIdempotent(ctx.db, {
       orgId: principal.orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], body.idempotencyKey),
       operation: 'escrows.create', params: input, nowMs: ctx.clock.nowMs(),

@@ -24,8 +24,9 @@ export const amountField = (description = 'decimal USDC, at most 6 decimals'): T
 
 export const currencyField = (description = 'USDC'): TString => codedString('invalid_currency', { maxLength: CURRENCY_TEXT_MAX, description });
 
-/** A payment's recipient: a chain address or a domain of the recipient directory. */
-export const recipientField = (description: string): TString => codedString('invalid_recipient', { minLength: 1, maxLength: 253, description });
+/** A payment's recipient: a chain address or a domain of the recipient directory (an escrow's: a vault id or an address). */
+export const recipientField = (description: string, maxLength = 253): TString =>
+  codedString('invalid_recipient', { minLength: 1, maxLength, description });
 
 /** The body of an endpoint that takes no field: none, or `{}`; a field sent is refused, not ignored. */
 export const NoFields = Type.Object({}, { additionalProperties: false });

@@ -7,6 +7,7 @@ import { after, before, describe, test } from 'node:test';
 import { address, generateKeyPairSigner } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { queuedBehind } from '../../test/locks.ts';
+import { unique } from '../../test/fixtures.ts';
 import { openDatabase } from '../db/database.ts';
 import { requestHash } from '../http/idempotency.ts';
 import { recordEvent } from '../events/events.ts';
@@ -118,6 +119,23 @@ describe('funding and withdrawal', () => {
     assert.equal(conflict.status, 409);
     assert.equal(conflict.body.error.code, 'idempotency_conflict');
     assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '2.00');
+  });
+
+  test('an unknown wallet is not an idempotency key\'s answer: the corrected funding or withdrawal runs under it', async () => {
+    await deposit(t, '10');
+    const wallet = await newWallet(t);
+    for (const [path, amount] of [['fund', '2'], ['withdraw', '1']] as const) {
+      const key = unique(`mistyped-${path}`);
+      for (let i = 0; i < 2; i += 1) {
+        const missing = await t.request('POST', `/v1/wallets/wal_missing/${path}`, { body: { amount }, headers: { 'idempotency-key': key } });
+        assert.equal(missing.status, 404, JSON.stringify(missing.body));
+        assert.equal(missing.body.error.param, 'wallet_id');
+        assert.equal(missing.headers['idempotency-replayed'], undefined, 'not kept, so not replayed');
+      }
+      const corrected = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/${path}`, { body: { amount }, headers: { 'idempotency-key': key } });
+      assert.equal(corrected.status, 200, JSON.stringify(corrected.body));
+    }
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '1.00');
   });
 
   test('20 concurrent identical idempotent fundings make one funding', async () => {
@@ -233,12 +251,14 @@ describe('funding and withdrawal', () => {
       body: { allocations: wallets.map((w) => ({ walletId: w.wallet_id, amount: '1000000' })) },
     });
     assert.equal(tooMuch.body.error.code, 'org_insufficient_balance');
+    // Refused before their idempotency key is taken: the corrected batch below uses the same key.
+    const batchKey = `batch-${Date.now()}`;
     const oneMissing = await t.request('POST', '/v1/wallets/fund-batch', {
+      headers: { 'idempotency-key': batchKey },
       body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: 'wal_missing', amount: '1' }] },
     });
     assert.equal(oneMissing.body.error.code, 'wallet_not_found');
-    // Refused before its idempotency key is taken: the corrected batch below uses the same key.
-    const batchKey = `batch-${Date.now()}`;
+    assert.equal(oneMissing.body.error.param, 'allocations.1.wallet_id', 'the allocation that names it');
     const duplicate = await t.request('POST', '/v1/wallets/fund-batch', {
       headers: { 'idempotency-key': batchKey },
       body: { allocations: [{ walletId: wallets[0]!.wallet_id, amount: '1' }, { walletId: wallets[0]!.wallet_id, amount: '1' }] },

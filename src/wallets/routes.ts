@@ -20,7 +20,7 @@ import {
 } from './session-token.ts';
 import {
   AGENT_ID_PATTERN, LABEL_MAX, TAGS_MAX, TAG_PATTERN, WALLET_SELECT, WalletStatusSchema, WalletView, statusCondition,
-  archiveWallet, assertVaultAccess, createWallet, getWallet, provisionedWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
+  archiveWallet, assertVaultAccess, assertWalletsExist, createWallet, getWallet, provisionedWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
   type WalletWithPolicy,
 } from './wallets.ts';
 
@@ -286,6 +286,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       const { amount: funded, reserve, ...common } = await singleMove(orgId, walletId, moved, 'org_insufficient_balance');
       return { status: 200, body: { ...common, funded_amount: funded, org_balance_remaining: reserve } };
     };
+    await assertWalletsExist(ctx.db, orgId, [walletId], () => 'wallet_id');
     const result = await runIdempotent(ctx.db, {
       orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.fund', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
@@ -311,6 +312,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const allocations = request.body.allocations.map((a, i) => ({ walletId: a.walletId, amount: amountOf(a.amount, `allocations.${i}.amount`) }));
     // Malformed, so refused before the key is taken: the corrected batch may use the same key.
     assertDistinctWallets(allocations);
+    await assertWalletsExist(ctx.db, orgId, allocations.map((a) => a.walletId), (i) => `allocations.${i}.wallet_id`);
     const answer = async (moved: MoveResult) => {
       assertNotFailed(moved, 'org_insufficient_balance');
       const balances = await ctx.db.query<{ id: string; balance: bigint }>(
@@ -363,6 +365,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       const { amount: withdrawn, reserve, ...common } = await singleMove(orgId, walletId, moved, 'withdrawal_exceeds_balance');
       return { status: 200, body: { ...common, withdrawn_amount: withdrawn, org_balance: reserve } };
     };
+    await assertWalletsExist(ctx.db, orgId, [walletId], () => 'wallet_id');
     const result = await runIdempotent(ctx.db, {
       orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.withdraw', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),

@@ -194,8 +194,21 @@ export async function getWallet(q: Queryable, orgId: string, walletId: string): 
   return wallet;
 }
 
-export function walletNotFound(walletId: string): ServiceError {
-  return new ServiceError('wallet_not_found', `No wallet ${walletId} in your organisation.`, { param: 'wallet_id' });
+/** `param` names the field that carried the id (`to_wallet`, `allocations.2.wallet_id`). */
+export function walletNotFound(walletId: string, param = 'wallet_id'): ServiceError {
+  return new ServiceError('wallet_not_found', `No wallet ${walletId} in your organisation.`, { param });
+}
+
+/**
+ * Refuses a wallet id the organisation does not have, before an idempotency key is taken: a
+ * mistyped id is not the key's answer, and the corrected request may use the same key.
+ */
+export async function assertWalletsExist(q: Queryable, orgId: string, walletIds: readonly string[],
+  paramOf: (index: number) => string): Promise<void> {
+  const rows = await q.query<{ id: string }>('SELECT id FROM wallets WHERE org_id = $1 AND id = ANY($2)', [orgId, walletIds]);
+  const known = new Set(rows.map((row) => row.id));
+  const missing = walletIds.findIndex((id) => !known.has(id));
+  if (missing >= 0) throw walletNotFound(walletIds[missing]!, paramOf(missing));
 }
 
 /** Locks the wallet row for the rest of the database transaction. */
