@@ -185,8 +185,10 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
   if (fastifyError.validation && fastifyError.validation.length) {
     const first = fastifyError.validation[0]!;
     const path = first.instancePath.replace(/^\//, '').replace(/\//g, '.');
-    const extra = first.params.additionalProperty as string | undefined;
-    const missing = first.params.missingProperty as string | undefined;
+    // An unknown or missing field is named by its full path (`allocations.1.wallet_id`).
+    const within = (field: string | undefined) => (field === undefined || !path ? field : `${path}.${field}`);
+    const extra = within(first.params.additionalProperty as string | undefined);
+    const missing = within(first.params.missingProperty as string | undefined);
     const param = extra ?? missing ?? (path || fastifyError.validationContext || 'body');
     const message = extra ? `Unknown field "${param}".`
       : missing ? `Missing required field "${param}".`
@@ -235,6 +237,10 @@ function failureText(first: ValidationFailure, all: readonly ValidationFailure[]
   const allowed = all.filter((failure) => failure.instancePath === first.instancePath && failure.keyword === 'const')
     .map((failure) => failure.params.allowedValue);
   if (first.keyword === 'const' && allowed.length > 1) return `must be one of ${allowed.map((value) => JSON.stringify(value)).join(', ')}`;
+  // A constant or something else (a union with one literal): what the union's description says.
+  const union = all.find((failure) => failure.instancePath === first.instancePath && failure.keyword === 'anyOf');
+  const described = union?.parentSchema?.description;
+  if (first.keyword === 'const' && typeof described === 'string') return `must be ${described}`;
   if (first.keyword === 'type' && first.params.type === 'string' && typeof first.data === 'number' && isAmountSchema(first.parentSchema)) {
     // The number itself when it is one an amount field would take, written as a string.
     const example = /^\d+(\.\d{1,6})?$/.test(String(first.data)) ? String(first.data) : '0.25';
@@ -243,9 +249,9 @@ function failureText(first: ValidationFailure, all: readonly ValidationFailure[]
   return first.message ?? 'not allowed';
 }
 
-/** A field of decimal USDC: a payment's amount (fields.ts) or a setting described as USDC (a policy's limits). */
+/** A field of decimal USDC: a payment's amount (fields.ts) or a setting described so (a policy's limits). */
 function isAmountSchema(schema: Record<string, unknown> | undefined): boolean {
-  return schema?.[ERROR_CODE_KEYWORD] === 'invalid_amount' || /USDC/.test(String(schema?.description ?? ''));
+  return schema?.[ERROR_CODE_KEYWORD] === 'invalid_amount' || /decimal USDC/.test(String(schema?.description ?? ''));
 }
 
 /** Network failures of a connection (to PostgreSQL, to an RPC node). */

@@ -405,6 +405,25 @@ describe('request conventions', () => {
     assert.match(ping.body.error.message, /^"ping" is the test event: POST \/v1\/webhooks\/\{id\}\/test sends it/);
   });
 
+  test('a field inside a list is named by its path; a union says what it takes; a currency number gets no amount advice', async () => {
+    // This suite's limit is 5 requests a minute per key.
+    const key = await t.createKey('admin');
+    const batch = (allocation: Record<string, unknown>) => t.request('POST', '/v1/wallets/fund-batch', {
+      key, body: { allocations: [{ walletId: 'wal_a', amount: '1' }, allocation] },
+    });
+    const missing = await batch({ amount: '2' });
+    assert.deepEqual([missing.status, missing.body.error.param, missing.body.error.message],
+      [400, 'allocations.1.wallet_id', 'Missing required field "allocations.1.walletId".']);
+    const unknown = await batch({ walletId: 'wal_b', amount: '2', currency: 'USDC' });
+    assert.deepEqual([unknown.status, unknown.body.error.param], [400, 'allocations.1.currency'], 'not a top-level currency');
+    const currency = await t.request('POST', '/v1/payments', { key, body: { walletId: 'wal_x', to: 'x', amount: '1', currency: 5 } });
+    assert.deepEqual([currency.body.error.code, currency.body.error.message],
+      ['invalid_currency', 'Invalid value for "currency": must be string.']);
+    const events = await t.request('POST', '/v1/webhooks', { key, body: { url: 'https://hooks.example.com/a', events: 'all' } });
+    assert.deepEqual([events.body.error.param, events.body.error.message], ['events',
+      'Invalid value for "events": must be "*" (or ["*"]) for every event, or an array of event names (docs/events.md).']);
+  });
+
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {
     const key = await t.createKey('admin');
     const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: `empty-body-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });
