@@ -236,9 +236,12 @@ describe('test helpers', () => {
       t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '1' } })));
     assert.notEqual(first!.body.tx_signature, second!.body.tx_signature, 'two identical deposits are two transactions');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, '252.50');
-    const bad = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '-1' } });
-    assert.equal(bad.status, 400);
-    assert.equal(bad.body.error.code, 'invalid_amount');
+    for (const amount of ['-1', 250, '']) {
+      const bad = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount } });
+      assert.equal(bad.status, 400, JSON.stringify(amount));
+      assert.equal(bad.body.error.code, 'invalid_amount', `${JSON.stringify(amount)}: as any money move's amount`);
+    }
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, '252.50');
   });
 
   // That the chain's clock follows it is src/validator/thread.test.ts's (a transaction's block time).

@@ -5,6 +5,7 @@
 import { Type } from 'typebox';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
+import { amountField } from '../http/fields.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
@@ -34,7 +35,7 @@ export function testHelperRoutes(app: App, ctx: AppContext): void {
     schema: {
       tags: ['Test helpers'],
       summary: 'Mint local USDC into your reserve (local validator only)',
-      body: Type.Object({ amount: Type.String() }, { additionalProperties: false }),
+      body: Type.Object({ amount: amountField() }, { additionalProperties: false }),
       response: {
         200: Type.Object({
           deposit_id: Type.String(), amount: Type.String(), status: Type.String(), tx_signature: Type.String(),
