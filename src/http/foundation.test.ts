@@ -427,6 +427,18 @@ describe('request conventions', () => {
       'Invalid value for "events": must be "*" (or ["*"]) for every event, or an array of event names (docs/events.md).']);
   });
 
+  test('a DELETE takes no field: one sent is refused and nothing is deleted', async () => {
+    // This suite's limit is 5 requests a minute per key.
+    const key = await t.createKey('admin');
+    const hook = await t.request('POST', '/v1/webhooks', { key, body: { url: 'https://hooks.example.com/delete-me', events: '*' } });
+    assert.equal(hook.status, 200, JSON.stringify(hook.body));
+    const path = `/v1/webhooks/${hook.body.webhook_id}`;
+    const refused = await t.request('DELETE', path, { key, body: { force: true } });
+    assert.deepEqual([refused.status, refused.body.error?.code, refused.body.error?.param], [400, 'invalid_request', 'force']);
+    assert.equal((await t.request('GET', path, { key })).status, 200, 'still there');
+    assert.equal((await t.request('DELETE', path, { key })).status, 200, 'without a body it is deleted');
+  });
+
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {
     const key = await t.createKey('admin');
     const wallet = await t.request('POST', '/v1/wallets', { key, body: { agentId: `empty-body-${process.pid}`, label: 'x', policyId: 'pol_moderate' } });
