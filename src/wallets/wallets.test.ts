@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
+import { fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { syncPendingWallets } from './wallets.ts';
 
@@ -279,6 +280,22 @@ describe('wallets', () => {
     const [row] = await db.query<{ status: string; chain_status: string }>('SELECT status, chain_status FROM wallets WHERE id = $1', [wallet.wallet_id]);
     assert.deepEqual(row, { status: 'active', chain_status: 'ready' });
     assert.equal((await chain.getVault(address(wallet.chain_address)))!.frozen, false, 'the vault on chain is not frozen');
+  });
+
+  test('archive: a payment awaiting its co-signature is named as what to decide first', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '0.5' });
+    const wallet = await fundedWallet(t, '1', policyId);
+    const awaiting = await t.request('POST', '/v1/payments', {
+      body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '0.9', currency: 'USDC' },
+    });
+    assert.equal(awaiting.body.approval?.status, 'awaiting', JSON.stringify(awaiting.body));
+    await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: 'all' } });
+    const refused = await t.request('DELETE', `/v1/wallets/${wallet.wallet_id}`);
+    assert.equal(refused.status, 422);
+    assert.equal(refused.body.error.code, 'wallet_balance_not_zero');
+    assert.match(refused.body.error.message, /has 1 payment awaiting co-signature: approve or reject them/);
+    assert.equal((await t.request('POST', `/v1/payments/${awaiting.body.tx_id}/reject`, { body: {} })).status, 200);
+    assert.equal((await t.request('DELETE', `/v1/wallets/${wallet.wallet_id}`)).status, 200, 'then it archives');
   });
 
   test('archive: refused with a balance, then only reads are answered', async () => {

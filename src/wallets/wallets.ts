@@ -707,13 +707,18 @@ export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): 
     }
     // An escrow still open pays this vault back (a refund) or pays it (a release) later: an
     // archived vault could never move that money on.
-    const [{ in_flight: inFlight, escrow: escrowed }] = await tx.query<{ in_flight: boolean; escrow: boolean }>(
-      `SELECT ${inFlightSql('$1')} AS in_flight, ${openEscrowSql('$1')} AS escrow`, [walletId]) as [{ in_flight: boolean; escrow: boolean }];
+    // A payment awaiting its co-signature is in flight too, but waits for an operator, not the chain.
+    const [{ in_flight: inFlight, escrow: escrowed, awaiting }] = await tx.query<{ in_flight: boolean; escrow: boolean; awaiting: number }>(
+      `SELECT ${inFlightSql('$1')} AS in_flight, ${openEscrowSql('$1')} AS escrow,
+         (SELECT count(*)::int FROM transactions t WHERE t.wallet_id = $1 AND t.status = 'pending' AND t.approval->>'status' = 'awaiting') AS awaiting`,
+      [walletId]) as [{ in_flight: boolean; escrow: boolean; awaiting: number }];
     // Busy when the chain was to be read and settled since: the balances were not compared.
     if (matching !== null && 'busy' in matching && !inFlight && !escrowed) throw changed();
     if (wallet.balance !== 0n || inFlight || escrowed) {
       throw new ServiceError('wallet_balance_not_zero',
-        inFlight ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
+        awaiting > 0 ? `Wallet ${walletId} has ${awaiting} payment${awaiting === 1 ? '' : 's'} awaiting co-signature: `
+          + 'approve or reject them (POST /v1/payments/{tx_id}/reject), then archive it.'
+          : inFlight ? `Wallet ${walletId} has transactions in flight; archive it once they settle.`
           : escrowed ? `Wallet ${walletId} is a party to an escrow still open; archive it once the escrow is released, refunded or resolved.`
             : `Wallet ${walletId} holds ${formatUsdc(wallet.balance)} USDC: withdraw it first (amount "all").`,
         { wallet_id: walletId });
