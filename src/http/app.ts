@@ -343,7 +343,9 @@ export function camelCaseKeys(body: Record<string, unknown>, depth = 0): Record<
   const out: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(body)) {
     const camel = key.includes('_') ? key.replace(/_([a-z0-9])/g, (_m, c: string) => c.toUpperCase()) : key;
-    if (camel in out) throw new ServiceError('invalid_request', `"${key}" is given twice (camelCase and snake_case).`, { param: key });
+    if (Object.hasOwn(out, camel)) {
+      throw new ServiceError('invalid_request', `"${key}" is given twice (camelCase and snake_case).`, { param: toSnakeCase(camel) });
+    }
     out[camel] = Array.isArray(value)
       ? value.map((item) => (item && typeof item === 'object' && !Array.isArray(item) ? camelCaseKeys(item as Record<string, unknown>, depth + 1) : item))
       : value;

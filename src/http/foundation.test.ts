@@ -427,6 +427,19 @@ describe('request conventions', () => {
       'Invalid value for "events": must be "*" (or ["*"]) for every event, or an array of event names (docs/events.md).']);
   });
 
+  test('a field given in both spellings is refused by its snake_case name; a key named like an Object method is just unknown', async () => {
+    const key = await t.createKey('admin');
+    const twice = await t.request('POST', '/v1/payments', {
+      key, body: { walletId: 'wal_x', wallet_id: 'wal_x', to: 'x', amount: '1', currency: 'USDC' },
+    });
+    assert.deepEqual([twice.status, twice.body.error.param, twice.body.error.message],
+      [400, 'wallet_id', '"wallet_id" is given twice (camelCase and snake_case).']);
+    const method = await t.request('POST', '/v1/payments', {
+      key, body: { to_string: 1, walletId: 'wal_x', to: 'x', amount: '1', currency: 'USDC' },
+    });
+    assert.deepEqual([method.status, method.body.error.param, method.body.error.message], [400, 'to_string', 'Unknown field "toString".']);
+  });
+
   test('a DELETE takes no field: one sent is refused and nothing is deleted', async () => {
     // This suite's limit is 5 requests a minute per key.
     const key = await t.createKey('admin');
