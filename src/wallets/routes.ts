@@ -20,7 +20,7 @@ import {
 } from './session-token.ts';
 import {
   AGENT_ID_PATTERN, LABEL_MAX, TAGS_MAX, TAG_PATTERN, WALLET_SELECT, WalletStatusSchema, WalletView, statusCondition,
-  archiveWallet, assertVaultAccess, assertWalletsExist, createWallet, getWallet, provisionedWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
+  archiveWallet, assertVaultAccess, assertWalletsExist, createWallet, getWallet, normaliseTags, provisionedWallet, rotateSessionToken, setAutoTopup, updateWallet, walletView,
   type WalletWithPolicy,
 } from './wallets.ts';
 
@@ -124,7 +124,9 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request, reply) => {
     const { orgId } = principalOf(request);
-    const { idempotencyKey, ownerOrg, ...input } = request.body;
+    const { idempotencyKey, ownerOrg, ...body } = request.body;
+    // Tags are a set: in another order, repeated, or none against [], they name the same wallet.
+    const input = { ...body, tags: normaliseTags(body.tags ?? []) };
     if (ownerOrg !== undefined && ownerOrg !== orgId) {
       throw new ServiceError('invalid_request', 'owner_org must be the organisation of your API key.', { param: 'owner_org' });
     }
@@ -133,7 +135,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       operation: 'wallets.create', params: input, nowMs: ctx.clock.nowMs(),
       recover: async (walletId) => ({ status: 200, body: view(await provisionedWallet(ctx, orgId, walletId)) }),
     }, async (mark) => ({
-      status: 200, body: view(await createWallet(ctx, orgId, { ...input, tags: input.tags ?? [] }, mark)),
+      status: 200, body: view(await createWallet(ctx, orgId, input, mark)),
     }));
     return sendIdempotent(reply, result);
   });

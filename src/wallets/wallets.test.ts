@@ -100,6 +100,14 @@ describe('wallets', () => {
     const conflict = await t.request('POST', '/v1/wallets', { body: { ...body, label: 'Other' } });
     assert.equal(conflict.status, 409);
     assert.equal(conflict.body.error.code, 'idempotency_conflict');
+    // Tags are a set: another order, a repeat, or [] for none name the same wallet.
+    const tagged = { agentId: nextAgent(), label: 'Tagged', policyId: 'pol_moderate', tags: ['b', 'a'], idempotencyKey: `create-${nextAgent()}` };
+    const made = await t.request('POST', '/v1/wallets', { body: tagged });
+    assert.equal(made.status, 200, JSON.stringify(made.body));
+    const reordered = await t.request('POST', '/v1/wallets', { body: { ...tagged, tags: ['a', 'b', 'a'] } });
+    assert.deepEqual([reordered.status, reordered.body.wallet_id, reordered.headers['idempotency-replayed']], [200, made.body.wallet_id, 'true']);
+    const empty = await t.request('POST', '/v1/wallets', { body: { ...body, tags: [] } });
+    assert.deepEqual([empty.status, empty.body.wallet_id], [200, first.body.wallet_id]);
   });
 
   test('roles: a viewer reads but cannot create; another organisation sees 404', async () => {
