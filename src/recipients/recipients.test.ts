@@ -94,6 +94,10 @@ describe('recipient directory API', () => {
     assert.equal(same.status, 200);
     assert.equal(same.body.category, null);
     assert.equal(same.body.address, newer);
+    // Nothing to change: the entry is as it was, updated_at included (the test clock moves it otherwise).
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 60 } });
+    const unchanged = await t.request('PATCH', `/v1/recipients/${id}`, { body: { domain: 'shop.example.com', label: null } });
+    assert.deepEqual(unchanged.body, same.body);
 
     const deleted = await t.request('DELETE', `/v1/recipients/${id}`);
     assert.equal(deleted.status, 200);

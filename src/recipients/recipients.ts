@@ -192,11 +192,17 @@ export async function updateRecipient(
       throw invalidRequest('domain',
         'A recipient\'s domain cannot change (payments name it): delete this recipient and create one for the new domain.');
     }
+    const next = {
+      address: address ?? current.address,
+      category: category === undefined ? current.category : category,
+      label: change.label === undefined ? current.label : change.label,
+    };
+    // A change to what it already is (the current domain alone, say) changes nothing, updated_at included.
+    if (next.address === current.address && next.category === current.category && next.label === current.label) return current;
     const rows = await tx.query<RecipientRow>(
       `UPDATE recipients SET address = $3, category = $4, label = $5, updated_at = $6
        WHERE org_id = $1 AND id = $2 RETURNING *`,
-      [orgId, recipientId, address ?? current.address, category === undefined ? current.category : category,
-        change.label === undefined ? current.label : change.label, new Date(nowMs)]);
+      [orgId, recipientId, next.address, next.category, next.label, new Date(nowMs)]);
     return rows[0]!;
   });
 }
