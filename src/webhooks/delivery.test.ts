@@ -467,6 +467,46 @@ describe('webhook deliveries', () => {
     }
   });
 
+  test('receivers that never answer do not hold up another organisation\'s deliveries', async () => {
+    // One receiver stalls past the 5 s deadline on /stall/*; /fine answers at once.
+    const stalling = await startReceiver();
+    stalling.reply = (request) => (request.path.startsWith('/stall') ? { status: 200, delayMs: 6_000 } : { status: 200 });
+    try {
+      const slowOrg = await t.createOrganization('Stalling receivers');
+      const slowIds: string[] = [];
+      // As many as a run has claimers: before, they held every one of them.
+      for (let i = 0; i < 4; i += 1) {
+        const created = await t.request('POST', '/v1/webhooks', { key: slowOrg.adminKey, body: { url: stalling.url(`/stall/${i}`), events: '*' } });
+        assert.equal(created.status, 200, JSON.stringify(created.body));
+        slowIds.push(created.body.webhook_id);
+      }
+      const other = await t.createOrganization('Answering receiver');
+      const fine = await t.request('POST', '/v1/webhooks', { key: other.adminKey, body: { url: stalling.url('/fine'), events: '*' } });
+      assert.equal(fine.status, 200, JSON.stringify(fine.body));
+      await newPolicyEvent(slowOrg.adminKey, 'for the stalling receivers');
+      await newPolicyEvent(other.adminKey, 'for the answering one');
+      // When the answering receiver is reached, the stalling ones are still holding their requests:
+      // none of their attempts has ended, so none is recorded yet.
+      let recordedStalls: Promise<number> | null = null;
+      const answer = stalling.reply;
+      stalling.reply = (request) => {
+        if (request.path === '/fine' && recordedStalls === null) {
+          recordedStalls = t.service.ctx.db.query<{ n: number }>(
+            'SELECT count(*)::int AS n FROM webhook_deliveries WHERE webhook_id = ANY ($1)', [slowIds]).then(([row]) => row!.n);
+        }
+        return answer(request);
+      };
+      await dispatchWebhooks(t.service.ctx as AppContext);
+      assert.equal(stalling.received.filter((r) => r.path === '/fine').length, 1, 'the other organisation\'s event was delivered');
+      assert.equal(await recordedStalls, 0, 'while the stalling receivers still held their requests');
+      const stalled = await t.service.ctx.db.query<{ status: string; attempts: number }>(
+        'SELECT status, attempts FROM webhook_deliveries WHERE webhook_id = ANY ($1)', [slowIds]);
+      assert.deepEqual(stalled.map((d) => [d.status, d.attempts]), Array(4).fill(['pending', 1]), 'each stalled attempt failed, its retry due');
+    } finally {
+      await stalling.close();
+    }
+  });
+
   test('a worker that dies mid-batch loses no event: its lease lapses and the second attempt delivers it', async () => {
     const { key, webhookId } = await setUp('/crash', ['policy.created']);
     const event = await newPolicyEvent(key, 'Crash');

@@ -44,18 +44,69 @@ export const DELIVERY_LOG_RETENTION_MS = 30 * 24 * 3600 * 1000;
 
 /** Attempts claimed together and sent concurrently by one claimer. */
 const CLAIM_BATCH = 50;
-/** Claimers of one dispatch run, side by side (so at most 4 × 64 = 256 attempts in flight per process). */
+/** Claimers of one dispatch run serving webhooks side by side (more while some are held up: CLAIMERS_MAX). */
 const CLAIMERS = 4;
 /** One dispatch run stops claiming after this long; the next run continues. */
 const DISPATCH_BUDGET_MS = 20_000;
 /** How often a claimer busy with streams looks for due attempts (at once after a full batch of them). */
 const DUE_LOOK_EVERY_MS = 250;
+/**
+ * A receiver that accepts connections and does not answer holds a claimer for its 5 s deadline
+ * at each step. So that it cannot hold up other webhooks' deliveries (another organisation's),
+ * a webhook whose attempt failed after this long is marked slow in this process, and only
+ * SLOW_LANE_CLAIMERS claimers take its work; a claimer whose step has lasted HELD_UP_AFTER_MS
+ * is replaced by another, up to CLAIMERS_MAX in all (docs/webhooks.md "A slow receiver").
+ */
+const SLOW_FAILURE_MS = 1_000;
+/** How long a webhook stays marked slow, unless an attempt to it succeeds first. */
+const SLOW_FOR_MS = 5 * 60_000;
+/** Claimers of a run that take slow webhooks' work; the others pass it by. */
+const SLOW_LANE_CLAIMERS = 2;
+/** A claimer whose step (a stream batch, a batch of due attempts) has lasted this long is held up. */
+const HELD_UP_AFTER_MS = 1_000;
+/** Claimers of one run at most, held-up ones included (so at most 12 × 64 attempts in flight). */
+const CLAIMERS_MAX = 12;
+/** How often a run looks for held-up claimers. */
+const HELD_UP_LOOK_EVERY_MS = 250;
 /** The delivery log shows at most this many attempts per delivery (the latest). */
 const LOG_ATTEMPTS_SHOWN_MAX = 25;
 const RETENTION_BATCH = 1_000;
 /** A retention run of the delivery log (the `webhooks.retention` job) stops starting statements after this long (each of its two parts). */
 const RETENTION_RUN_MS = 2_000;
 const LOST_ATTEMPT_ERROR = 'No outcome was recorded: the worker making this attempt stopped. It may have reached the endpoint.';
+
+// ---------------------------------------------------------------------------------------------
+// Slow webhooks: marked per process (per service), with until when
+
+const slowWebhooks = new WeakMap<AppContext, Map<string, number>>();
+
+function slowMarks(ctx: AppContext): Map<string, number> {
+  let marks = slowWebhooks.get(ctx);
+  if (!marks) slowWebhooks.set(ctx, marks = new Map());
+  return marks;
+}
+
+function slowFailure(result: AttemptResult): boolean {
+  return !result.succeeded && result.latencyMs >= SLOW_FAILURE_MS;
+}
+
+function markSlow(ctx: AppContext, webhookId: string): void {
+  slowMarks(ctx).set(webhookId, performance.now() + SLOW_FOR_MS);
+}
+
+/** A success clears the webhook's mark; a slow failure sets it. */
+function noteOutcome(ctx: AppContext, webhookId: string, result: AttemptResult): void {
+  if (result.succeeded) slowMarks(ctx).delete(webhookId);
+  else if (slowFailure(result)) markSlow(ctx, webhookId);
+}
+
+/** The webhooks marked slow now. */
+export function slowWebhookIds(ctx: AppContext): string[] {
+  const now = performance.now();
+  const marks = slowMarks(ctx);
+  for (const [id, until] of marks) if (until <= now) marks.delete(id);
+  return [...marks.keys()];
+}
 
 // ---------------------------------------------------------------------------------------------
 // What a delivery is made of
@@ -122,16 +173,18 @@ function signingOf(row: SigningRow, nowMs: number): Signing {
  * with when its successor is due; an earlier attempt still in flight is marked lost (its worker
  * died); the webhook's URL and secrets and the event come back with it. Rows locked by another
  * claimer are skipped, and a row claimed a moment ago is no longer due: no attempt is ever made
- * twice.
+ * twice. The attempts of `skipWebhooks` are passed by.
  */
-export async function claimDueAttempts(db: Database, nowMs: number, limit: number): Promise<ClaimedAttempt[]> {
+export async function claimDueAttempts(
+  db: Database, nowMs: number, limit: number, skipWebhooks: readonly string[] = [],
+): Promise<ClaimedAttempt[]> {
   // Delay after attempt k of a run (1-based), and the lease of the last one.
   const leasesMs = [...RETRY_DELAYS_MS, FINAL_ATTEMPT_LEASE_MS];
   const claimed = await db.query<DeliveryRow & SigningRow & { event_org_id: string | null; event_created: Date | null; payload: StoredEvent['payload'] | null }>(
     `WITH due AS (
        SELECT d.id FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
        WHERE d.status = 'pending' AND d.next_attempt_at <= $1 AND w.status = 'active'
-         AND d.attempts - d.run_start < ${ATTEMPTS_PER_RUN}
+         AND d.attempts - d.run_start < ${ATTEMPTS_PER_RUN} AND NOT (d.webhook_id = ANY ($5::text[]))
        ORDER BY d.next_attempt_at, d.id
        LIMIT ${Math.max(1, Math.floor(limit))}
        FOR UPDATE OF d SKIP LOCKED
@@ -154,7 +207,7 @@ export async function claimDueAttempts(db: Database, nowMs: number, limit: numbe
        e.org_id AS event_org_id, e.created_at AS event_created, e.payload
      FROM claimed c JOIN webhooks w ON w.id = c.webhook_id LEFT JOIN events e ON e.id = c.event_id
      ORDER BY c.next_attempt_at, c.id`,
-    [new Date(nowMs), leasesMs, RETRY_DELAYS_MS, LOST_ATTEMPT_ERROR]);
+    [new Date(nowMs), leasesMs, RETRY_DELAYS_MS, LOST_ATTEMPT_ERROR, skipWebhooks]);
   return claimed.map((row) => {
     const stored = row.event_org_id === row.org_id && row.payload !== null
       ? { id: row.event_id, type: row.event_type, created_at: row.event_created!, payload: row.payload } : null;
@@ -375,15 +428,18 @@ interface StreamRow extends SigningRow {
  * `limit` events after its position and below the horizon, leased to this worker until
  * `nowMs + STREAM_LEASE_MS`, in one statement. The webhook row is locked while the statement
  * runs (another worker skips it) and leased once it commits (another worker passes it by), so
- * two workers never hold the same events. Null when no stream has work.
+ * two workers never hold the same events. Null when no stream has work. `skipWebhooks` are
+ * passed by (slow ones, left to the claimers that serve them).
  */
-export async function claimStream(db: Database, nowMs: number, limit: number): Promise<StreamClaim | null> {
+export async function claimStream(
+  db: Database, nowMs: number, limit: number, skipWebhooks: readonly string[] = [],
+): Promise<StreamClaim | null> {
   const rows = await db.query<StreamRow>(
     `WITH horizon AS MATERIALIZED (
        SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin
      ), picked AS (
        SELECT w.id, w.org_id, w.stream_xact, w.stream_event_id FROM webhooks w
-       WHERE w.status <> 'disabled' AND w.lease_expires_at IS NULL
+       WHERE w.status <> 'disabled' AND w.lease_expires_at IS NULL AND NOT (w.id = ANY ($2::text[]))
          AND EXISTS (SELECT 1 FROM events e WHERE e.org_id = w.org_id
                        AND (e.xact, e.id) > (w.stream_xact, w.stream_event_id) AND e.xact < (SELECT xmin FROM horizon))
        ORDER BY w.stream_xact, w.id
@@ -409,7 +465,7 @@ export async function claimStream(db: Database, nowMs: number, limit: number): P
        l.lease_event_id, l.lease_expires_at, b.id AS event_id, b.type AS event_type, b.created_at AS event_created_at, b.payload
      FROM leased l LEFT JOIN batch b ON '*' = ANY (l.events) OR b.type = ANY (l.events)
      ORDER BY b.xact, b.id`,
-    [new Date(nowMs + STREAM_LEASE_MS)]);
+    [new Date(nowMs + STREAM_LEASE_MS), skipWebhooks]);
   const [first] = rows;
   if (!first) return null;
   const signing = signingOf(first, nowMs);
@@ -443,8 +499,8 @@ export async function claimStream(db: Database, nowMs: number, limit: number): P
  * What became of one event of a stream batch: an attempt's outcome; `lost` (its worker stopped:
  * the attempt may have been made); `paused` (the webhook is degraded: not attempted, waits for
  * it to be re-enabled); `deferred` (not attempted for want of time on the lease: its first
- * attempt is due at once, made as a retry is); `expired` (older than the delivery log keeps:
- * given up unsent).
+ * attempt is due at once, made as a retry is; also the rest of a batch whose receiver stalled);
+ * `expired` (older than the delivery log keeps: given up unsent).
  */
 type StreamOutcome =
   | { kind: 'succeeded' | 'failed'; attemptedAt: Date; finishedAt: Date; result: AttemptResult }
@@ -558,8 +614,15 @@ export async function sendStream(ctx: AppContext, stream: StreamClaim): Promise<
       done.push({ attempt: toSend[index]!, outcome: { kind: result.succeeded ? 'succeeded' : 'failed', attemptedAt, finishedAt, result } });
     });
     made += sent.length;
+    for (const { result } of sent) noteOutcome(ctx, stream.webhookId, result);
     const rest = toSend.slice(sent.length);
     if (rest.length === 0) break;
+    // A receiver that stalls (an attempt failed slowly) gets no further round from this claimer:
+    // the rest are due at once, taken by the claimers that serve slow webhooks.
+    if (sent.some(({ result }) => slowFailure(result))) {
+      for (const attempt of rest) done.push({ attempt, outcome: { kind: 'deferred' } });
+      break;
+    }
     // Another round must end, its attempts answered (5 s each at most, the host name's
     // resolution included; counted twice, a margin), and be recorded before the lease does:
     // otherwise the rest are left to the retries.
@@ -659,10 +722,23 @@ export async function expireDeliveryLog(
   return { expired, deleted };
 }
 
+/** A claimer of a dispatch run, as the run sees it. */
+interface Claimer {
+  /** takes slow webhooks' work too */
+  slowLane: boolean;
+  /** when its current step began; null between steps */
+  stepStartedMs: number | null;
+  /** the webhook whose stream it is sending, if it is */
+  streamOf: string | null;
+}
+
 /**
  * One run of the dispatcher (the `webhooks.deliver` job): takes over lapsed streams, settles
- * lost last attempts and lost pings, then sends streams and due attempts until nothing is left or its time
- * budget is spent.
+ * lost last attempts and lost pings, then sends streams and due attempts until nothing is left
+ * or its time budget is spent. Claimers work side by side (one's database round trips overlap
+ * another's requests), each taking a stream and a batch of due attempts in turn. The first
+ * SLOW_LANE_CLAIMERS take any webhook's work; the others pass slow webhooks by. A claimer held
+ * up by a receiver that does not answer is replaced, so that CLAIMERS keep serving the others.
  */
 export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: number }> {
   await recoverLapsedStreams(ctx.db, ctx.clock.nowMs());
@@ -670,14 +746,24 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
   await settleLostPings(ctx.db, ctx.clock.nowMs());
   const deadlineMs = performance.now() + DISPATCH_BUDGET_MS;
   let attempted = 0;
-  // Several claimers side by side: one's database round trips overlap another's requests. Each
-  // takes a stream and a batch of due attempts in turn, so that neither waits for the other.
-  const claimer = async (): Promise<void> => {
+  const failures: unknown[] = [];
+  const claimers = new Set<Claimer>();
+  const running = new Set<Promise<void>>();
+
+  // Each claimer makes at least one step (one started late, for a held-up one, too), then goes on
+  // until nothing is left or the run's time is spent.
+  const claim = async (self: Claimer): Promise<void> => {
     let dueLookedAt = -Infinity;
     let dueWasFull = false;
-    while (performance.now() < deadlineMs) {
-      const stream = await claimStream(ctx.db, ctx.clock.nowMs(), STREAM_BATCH);
-      if (stream) attempted += await sendStream(ctx, stream);
+    do {
+      const skip = self.slowLane ? [] : slowWebhookIds(ctx);
+      self.stepStartedMs = performance.now();
+      const stream = await claimStream(ctx.db, ctx.clock.nowMs(), STREAM_BATCH, skip);
+      if (stream) {
+        self.streamOf = stream.webhookId;
+        attempted += await sendStream(ctx, stream);
+        self.streamOf = null;
+      }
       // A claimer that keeps finding streams looks for due attempts after its first batch, then
       // at most every 250 ms unless its last look found a full batch of them: a look that finds
       // nothing is a round trip, and after every batch it took a busy stream's throughput. A
@@ -685,25 +771,46 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
       // stream to take looks each time.
       const lookForDue: boolean = !stream || dueWasFull || performance.now() - dueLookedAt >= DUE_LOOK_EVERY_MS;
       if (lookForDue) dueLookedAt = performance.now();
-      const retried: number = lookForDue ? await sendDueAttempts(ctx) : 0;
+      const retried: number = lookForDue ? await sendDueAttempts(ctx, skip) : 0;
       if (lookForDue) dueWasFull = retried >= CLAIM_BATCH;
       attempted += retried;
+      self.stepStartedMs = null;
       if (!stream && !retried) return;
-    }
+    } while (performance.now() < deadlineMs);
   };
-  const ended = await Promise.allSettled(Array.from({ length: CLAIMERS }, claimer));
-  const failure = ended.find((outcome): outcome is PromiseRejectedResult => outcome.status === 'rejected');
-  if (failure) throw failure.reason;
+  const start = (slowLane: boolean) => {
+    const self: Claimer = { slowLane, stepStartedMs: null, streamOf: null };
+    claimers.add(self);
+    const done: Promise<void> = claim(self).catch((error: unknown) => { failures.push(error); })
+      .finally(() => { claimers.delete(self); running.delete(done); });
+    running.add(done);
+  };
+  for (let i = 0; i < CLAIMERS; i += 1) start(i < SLOW_LANE_CLAIMERS);
+
+  while (running.size > 0) {
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, HELD_UP_LOOK_EVERY_MS);
+      void Promise.allSettled([...running]).then(() => { clearTimeout(timer); resolve(); });
+    });
+    const now = performance.now();
+    const heldUp = [...claimers].filter((c) => c.stepStartedMs !== null && now - c.stepStartedMs >= HELD_UP_AFTER_MS);
+    if (heldUp.length === 0 || failures.length > 0) continue;
+    // Its receiver is slow: marked so, its next work goes to the slow lane.
+    for (const c of heldUp) if (c.streamOf !== null) markSlow(ctx, c.streamOf);
+    for (let free = claimers.size - heldUp.length; free < CLAIMERS && claimers.size < CLAIMERS_MAX; free += 1) start(false);
+  }
+  if (failures.length > 0) throw failures[0];
   return { attempted };
 }
 
 /** Claims a batch of due attempts (second and later ones), sends them and records how they went; returns how many. */
-async function sendDueAttempts(ctx: AppContext): Promise<number> {
-  const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH);
+async function sendDueAttempts(ctx: AppContext, skipWebhooks: readonly string[]): Promise<number> {
+  const claims = await claimDueAttempts(ctx.db, ctx.clock.nowMs(), CLAIM_BATCH, skipWebhooks);
   if (!claims.length) return 0;
   // Successes are recorded together; any other outcome on its own.
   const succeeded: Array<{ claim: ClaimedAttempt; result: AttemptResult; finishedAt: Date }> = [];
   const sent = await sendBatch(ctx, claims, { allowPrivate: ctx.config.allowPrivateWebhooks, concurrency: claims.length });
+  sent.forEach(({ result }, index) => noteOutcome(ctx, claims[index]!.webhookId, result));
   const outcomes = await Promise.allSettled(claims.map(async (claim, index) => {
     const { result, finishedAt } = sent[index]!;
     if (result.succeeded && !claim.ping && claim.body !== null) succeeded.push({ claim, result, finishedAt });
