@@ -74,6 +74,14 @@ describe('outbound name resolution', () => {
     assert.equal(lookups, 0, 'getaddrinfo (dns.lookup) is never used');
   });
 
+  test('guarded, a name that does not resolve and one that resolves to a private address fail alike', async () => {
+    const guarded = (host: string) => failure(fetchGuarded(`http://${host}:${port}/`, { method: 'GET', timeoutMs: 2_000, maxBytes: 1024, allowPrivate: false }));
+    const [unknown, internal] = await Promise.all([guarded('unknown.example'), guarded('hooks.example')]);
+    assert.deepEqual([unknown.reason, unknown.message.replace('unknown.example', 'NAME')], [internal.reason, internal.message.replace('hooks.example', 'NAME')],
+      'which internal names exist cannot be told from the failure');
+    assert.match(internal.message, /^hooks\.example does not resolve to a public address/);
+  });
+
   test('an IPv4 answer does not wait for an IPv6 query that never comes back', async () => {
     // Waiting for both families, the call would fail at its deadline ('timeout').
     assert.equal((await call('drops-aaaa.example', 3_000)).status, 200);

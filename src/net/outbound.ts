@@ -318,10 +318,26 @@ export async function resolveGuarded(url: string, options: { timeoutMs: number; 
 
   const host = hostOf(target);
   const literalFamily = isIP(host);
-  const addresses = literalFamily ? [{ address: host, family: literalFamily }] : await resolveAll(host, options.timeoutMs);
+  // Guarded, a name that does not resolve and one that resolves to a refused address fail alike:
+  // telling them apart would let a tenant map which internal names exist (a webhook's delivery
+  // log shows the message).
+  const notPublic = () => new OutboundError('refused_address',
+    `${host} does not resolve to a public address (a loopback, private, link-local, CGNAT or reserved address, or none, is not called)`);
+  let addresses: LookupAddress[];
+  if (literalFamily) {
+    addresses = [{ address: host, family: literalFamily }];
+  } else {
+    try {
+      addresses = await resolveAll(host, options.timeoutMs);
+    } catch (error) {
+      if (!options.allowPrivate && error instanceof OutboundError && error.reason === 'network') throw notPublic();
+      throw error;
+    }
+  }
   if (!options.allowPrivate && !addresses.every((entry) => isPublicAddress(entry.address))) {
-    throw new OutboundError('refused_address',
-      `${host} ${literalFamily ? 'is' : 'resolves to'} a loopback, private, link-local, CGNAT or reserved address, which this service does not call`);
+    throw literalFamily
+      ? new OutboundError('refused_address', `${host} is a loopback, private, link-local, CGNAT or reserved address, which this service does not call`)
+      : notPublic();
   }
   const key = `${target.origin} ${addresses.length === 1 ? addresses[0]!.address : addresses.map((entry) => entry.address).sort().join(',')}`;
   return { url: target, host, addresses, key, path: `${target.pathname}${target.search}` };

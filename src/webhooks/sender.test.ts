@@ -86,7 +86,7 @@ test('a batch to a name that resolves to a refused address fails every attempt w
     const byName = (n: number): AttemptRequest => ({ ...request(n), url: receiver.url(`/hook/${n}`).replace('127.0.0.1', 'localhost') });
     const sent = await sender.send([byName(1), byName(2), byName(3)], { allowPrivate: false, concurrency: 2 });
     assert.deepEqual(sent.map((s) => s.result.error), Array(3).fill(
-      'localhost resolves to a loopback, private, link-local, CGNAT or reserved address, which this service does not call.'),
+      'localhost does not resolve to a public address (a loopback, private, link-local, CGNAT or reserved address, or none, is not called).'),
     'each attempt fails with the guard\'s reason');
     assert.equal(receiver.received.length, 0, 'nothing reached the receiver');
     const allowed = await sender.send([byName(4), byName(5)], { allowPrivate: true, concurrency: 2 });
