@@ -655,6 +655,35 @@ describe('payments', () => {
     assert.ok(after.body.spending.day.frees_at, 'the day frees up 24 h after the spend');
   });
 
+  test('a payment decided just before its policy expires is not refused on chain when it executes after', async () => {
+    const expiry = new Date(t.service.ctx.clock.nowMs() + 10_500);
+    const policyId = await newPolicy(t, { expiry: expiry.toISOString() });
+    const wallet = await fundedWallet(t, '2', policyId);
+    assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 9 } })).status, 200);
+    // Decided a second or so before the expiry; sent, as on a slow cluster, two seconds later.
+    const { chain, clock } = t.service.ctx;
+    const submit = chain.submit;
+    chain.submit = async (...args: Parameters<typeof submit>) => {
+      chain.submit = submit;
+      await (clock as unknown as { advanceBy(seconds: number): Promise<number> }).advanceBy(2);
+      assert.ok(clock.nowMs() > expiry.getTime(), 'the chain executes it past the expiry');
+      return submit.apply(chain, args);
+    };
+    try {
+      const paid = await t.request('POST', '/v1/payments', {
+        body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+      });
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+      assert.equal(paid.body.status, 'confirmed', JSON.stringify(paid.body));
+    } finally {
+      chain.submit = submit;
+    }
+    assert.equal(await balanceOf(t, wallet.wallet_id), '1.00');
+    // From the expiry on, the service refuses.
+    const late = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
+    assert.deepEqual([late.status, late.body.error?.violation?.rule], [402, 'expiry']);
+  });
+
   test('a payment can answer before confirmation; it settles all the same', async () => {
     const wallet = await fundedWallet(t, '2');
     const paid = await t.request('POST', '/v1/payments', {

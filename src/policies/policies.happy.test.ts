@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address } from '@solana/kit';
 import { NO_LIMIT } from '../chain/program.ts';
+import { CHAIN_EXPIRY_GRACE_SECONDS } from './presets.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 
 const ADDRESS = 'So11111111111111111111111111111111111111112';
@@ -51,7 +52,7 @@ describe('policies', () => {
     assert.ok(onChain, 'the policy account exists');
     assert.equal(onChain.maxPerTx, 25_500_000n);
     assert.equal(onChain.maxPerDay, 0n);
-    assert.equal(onChain.expiry, BigInt(Date.UTC(2099, 0, 1) / 1000));
+    assert.equal(onChain.expiry, BigInt(Date.UTC(2099, 0, 1) / 1000 + CHAIN_EXPIRY_GRACE_SECONDS), 'the expiry, and the grace for payments decided before it');
     assert.equal(await chainStatusOf(t, policy.policy_id), 'ready');
     const created = await eventsOf(t, policy.policy_id, 'policy.created');
     assert.equal(created.length, 1);
@@ -128,7 +129,7 @@ describe('policies', () => {
     const onChain = await t.service.ctx.chain.getPolicy(address(policy.chain_address));
     assert.equal(onChain!.maxPerTx, 12_250_000n, 'the new max_per_tx is on chain when the response is sent');
     assert.equal(onChain!.maxPerDay, NO_LIMIT, 'a cleared limit is no limit on chain');
-    assert.equal(onChain!.expiry, BigInt(Date.UTC(2098, 5, 30, 12) / 1000));
+    assert.equal(onChain!.expiry, BigInt(Date.UTC(2098, 5, 30, 12) / 1000 + CHAIN_EXPIRY_GRACE_SECONDS));
     assert.equal(await chainStatusOf(t, policy.policy_id), 'ready');
 
     const changes = {

@@ -42,11 +42,20 @@ export const PRESETS: ReadonlyArray<{ id: string; name: string; rules: PolicyRul
 
 export const PRESET_IDS: ReadonlySet<string> = new Set(PRESETS.map((preset) => preset.id));
 
+/**
+ * How long after a policy's expiry the program starts refusing its vaults' spends. The service
+ * refuses from the expiry itself, and freezes the vaults then; a payment it decided a moment
+ * before executes later (the next slot; on a cluster, as long as its blockhash lives), and must
+ * not be refused on chain for a rule it was decided under (docs/policies.md).
+ */
+export const CHAIN_EXPIRY_GRACE_SECONDS = 120;
+
 /** What the on-chain policy account enforces of a policy's rules. */
 export function chainLimitsOf(rules: Pick<PolicyRules, 'maxPerTx' | 'maxPerDay' | 'expiry'>): PolicyLimits {
   return {
     maxPerTx: rules.maxPerTx ?? NO_LIMIT,
     maxPerDay: rules.maxPerDay ?? NO_LIMIT,
-    expiry: rules.expiry ? BigInt(Math.floor(rules.expiry.getTime() / 1000)) : 0n,
+    // The chain counts whole seconds: rounded up, never before the service's expiry.
+    expiry: rules.expiry ? BigInt(Math.ceil(rules.expiry.getTime() / 1000) + CHAIN_EXPIRY_GRACE_SECONDS) : 0n,
   };
 }
