@@ -135,6 +135,11 @@ describe('payments', () => {
     const archived = await t.request('DELETE', `/v1/wallets/${wallet.wallet_id}`);
     assert.equal(archived.status, 200, JSON.stringify(archived.body));
     assert.equal(await countRows(t, wallet.wallet_id, 'confirmed'), 1, 'settled from the chain first');
+    // Then both the payment and its preflight answer wallet_archived, whatever the recipient.
+    for (const path of ['/v1/payments', '/v1/payments/check']) {
+      const refused = await t.request('POST', path, { body: { walletId: wallet.wallet_id, to: 'unknown.example', amount: '1', currency: 'USDC' } });
+      assert.deepEqual([refused.status, refused.body.error?.code], [422, 'wallet_archived'], path);
+    }
   });
 
   test('a payment is checked, sent, confirmed in one slot and lands in the recipient\'s token account', async () => {

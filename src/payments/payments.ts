@@ -225,6 +225,8 @@ export async function pay(
     sessionKey?: string | null;
   },
 ): Promise<PaymentOutcome> {
+  // An archived vault is refused before its recipient is resolved, as the preflight does.
+  if (options.wallet) assertNotArchived(options.wallet);
   const recipient = options.recipient?.() ?? await resolveRecipient(ctx.db, orgId, input.to, input.category);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
     let unlocked = attempt === 0 ? options.wallet : undefined;
