@@ -15,8 +15,9 @@ describe('idempotency keys', () => {
   before(async () => { t = await startTestService({ workers: false }); });
   after(async () => { await t.close(); });
 
+  // Leases measured on the same made-up clock as the rest, so that a test can move past one.
   const op = (key: string, nowMs: number, extra: Record<string, unknown> = {}) => ({
-    orgId: t.orgId, key, operation: 'test.op', params: { a: 1 }, nowMs, ...extra,
+    orgId: t.orgId, key, operation: 'test.op', params: { a: 1 }, nowMs, leaseNowMs: nowMs, ...extra,
   });
   const newKey = () => `key-${process.pid}-${(counter += 1)}`;
 
@@ -115,6 +116,39 @@ describe('idempotency keys', () => {
     assert.deepEqual(replay, { status: 200, body: { second: true }, replayed: true });
     const [row] = await db.query<{ resource_id: string }>('SELECT resource_id FROM idempotency_keys WHERE org_id = $1 AND key = $2', [t.orgId, key]);
     assert.equal(row!.resource_id, 'tx_second', 'the first request\'s record was rolled back with its mark');
+  });
+
+  test('a test clock moved past a running request\'s lease does not end it: the lease is wall time', async () => {
+    const key = newKey();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => { release = resolve; });
+    let started!: () => void;
+    const claimed = new Promise<void>((resolve) => { started = resolve; });
+    const serviceNowMs = t.service.ctx.clock.nowMs();
+    const { leaseNowMs: _wall, ...first } = op(key, serviceNowMs);
+    const running = runIdempotent(t.service.ctx.db, first, async () => { started(); await gate; return { status: 200, body: { settled: true } }; });
+    await claimed;
+    // The service clock a minute and more ahead (POST /v1/test_helpers/clock/advance), the wall clock not.
+    const { leaseNowMs: _alsoWall, ...retry } = op(key, serviceNowMs + IDEMPOTENCY_LEASE_MS + 1_000);
+    await assert.rejects(runIdempotent(t.service.ctx.db, retry, async () => ({ status: 200, body: { ranAgain: true } })),
+      (error: ServiceError) => error.code === 'idempotency_conflict' && /still being processed/.test(error.message));
+    release();
+    assert.deepEqual(await running, { status: 200, body: { settled: true }, replayed: false });
+    assert.deepEqual(await runIdempotent(t.service.ctx.db, retry, async () => ({ status: 500, body: {} })),
+      { status: 200, body: { settled: true }, replayed: true }, 'the first answer is the key\'s');
+  });
+
+  test('a refusal recovered from a dead first request\'s record is marked as a replay', async () => {
+    const key = newKey();
+    const recover = async (): Promise<{ status: number; body: unknown }> => {
+      throw new ServiceError('policy_violation', 'The payment breaks the max_per_tx rule.', { tx_id: 'tx_blocked' });
+    };
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 400_000, { recover }), async (mark) => {
+      await t.service.ctx.db.transaction(async (tx) => { await mark(tx, 'tx_blocked'); });
+      throw new Error('the process died after recording');
+    }));
+    await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 400_001, { recover }), async () => ({ status: 200, body: {} })),
+      (error: ServiceError) => error.code === 'policy_violation' && error.replayed === true);
   });
 
   test('a recorded first request without a way to recover it keeps refusing the key', async () => {

@@ -66,6 +66,12 @@ export interface IdempotentOperation {
   operation: string;
   params: unknown;
   nowMs: number;
+  /**
+   * When leases are measured from: the wall clock unless given (tests). Not the service clock,
+   * which a test clock moves forward: that must not end a running request's lease, letting a
+   * retry take its key over and answer for it.
+   */
+  leaseNowMs?: number;
   /** The answer for a resource the first request recorded but did not answer with. */
   recover?: (resourceId: string) => Promise<{ status: number; body: unknown }>;
 }
@@ -90,7 +96,8 @@ interface KeyRow {
 
 async function claimKey(db: Database, op: IdempotentOperation & { key: string }, hash: string): Promise<Claim> {
   const now = new Date(op.nowMs);
-  const leaseUntil = new Date(op.nowMs + IDEMPOTENCY_LEASE_MS);
+  const leaseNowMs = op.leaseNowMs ?? Date.now();
+  const leaseUntil = new Date(leaseNowMs + IDEMPOTENCY_LEASE_MS);
   const holder = randomUUID();
   return db.transaction(async (tx) => {
     // An expired key is forgotten first, so it can be used again.
@@ -108,7 +115,7 @@ async function claimKey(db: Database, op: IdempotentOperation & { key: string },
     if (row.state === 'done' && row.response_status !== null) {
       return { mode: 'replay', status: row.response_status, body: row.response_body };
     }
-    if (row.lease_until !== null && row.lease_until.getTime() > op.nowMs) {
+    if (row.lease_until !== null && row.lease_until.getTime() > leaseNowMs) {
       return { mode: 'conflict', message: 'A request with this idempotency key is still being processed; retry shortly.' };
     }
     // The first request stopped without answering (or is still running, past its lease): this
@@ -163,13 +170,15 @@ export async function runIdempotent(
     if (error instanceof ServiceError && isKeptAnswer(error.status) && !(error instanceof LeaseLostError)) {
       outcome = { status: error.status, body: { error: { code: error.code, message: error.message, ...error.details } } };
       await finish(db, op.orgId, key, holder, outcome);
+      // Recovered, it is the earlier request's answer (a payment it recorded blocked, say).
+      if (claim.mode === 'recover') error.replayed = true;
       throw error;
     }
     // An answer a retry may change (5xx, 429, or one about the caller's credentials): the lease
     // ends now, so the retry takes the key over at once and answers with what was recorded, or
     // runs again if nothing was.
     await db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2 AND lease_holder = $4',
-      [op.orgId, key, new Date(op.nowMs), holder]);
+      [op.orgId, key, new Date(op.leaseNowMs ?? Date.now()), holder]);
     throw error;
   }
   await finish(db, op.orgId, key, holder, outcome);

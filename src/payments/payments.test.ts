@@ -1143,8 +1143,8 @@ describe('payments under concurrency', () => {
     const nowMs = t.service.ctx.clock.nowMs();
     await t.service.ctx.db.query(
       `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until, resource_id)
-       VALUES ($1, $2, $3, 'running', $4, $5, $4, $6)`,
-      [t.orgId, key, hash, new Date(nowMs - 1), new Date(nowMs + 3_600_000), paid.body.tx_id]);
+       VALUES ($1, $2, $3, 'running', $4, $5, $6, $7)`,
+      [t.orgId, key, hash, new Date(nowMs - 1), new Date(nowMs + 3_600_000), new Date(Date.now() - 1), paid.body.tx_id]); // a lease is wall time
     const retried = await t.request('POST', '/v1/payments', { body, headers: { 'idempotency-key': key } });
     assert.equal(retried.status, 200, JSON.stringify(retried.body));
     assert.equal(retried.body.tx_id, paid.body.tx_id, 'the recorded payment, not a new one');

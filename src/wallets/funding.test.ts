@@ -478,9 +478,9 @@ describe('crash recovery', () => {
     const nowMs = ctx.clock.nowMs();
     await ctx.db.query(
       `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until, resource_id)
-       VALUES ($1, $2, $3, 'running', $4, $5, $4, $6)`,
+       VALUES ($1, $2, $3, 'running', $4, $5, $6, $7)`,
       [t.orgId, key, requestHash('wallets.fund', { walletId: wallet.wallet_id, amount: 1_000_000n }), new Date(nowMs - 1),
-        new Date(nowMs + 3_600_000), prepared.signature]);
+        new Date(nowMs + 3_600_000), new Date(Date.now() - 1), prepared.signature]); // a lease is wall time
     assert.equal(await reconcilePending(ctx, 0), 1);
     const [settled] = await ctx.db.query<{ status: string }>('SELECT status FROM transactions WHERE id = $1', [recorded.id]);
     assert.equal(settled!.status, 'failed');
