@@ -8,7 +8,9 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { fundedWallet, newPolicy, newRecipient, unique } from '../../test/fixtures.ts';
 import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
+import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { revokeApiKey } from './api-keys.ts';
 import { createKeyCommand, listKeysCommand, revokeKeyCommand } from './command.ts';
@@ -223,6 +225,56 @@ describe('API keys', () => {
       const live = await t.service.ctx.db.query<{ id: string }>(
         'SELECT id FROM api_keys WHERE org_id = $1 AND revoked_at IS NULL', [org.orgId]);
       assert.deepEqual(live.map((row) => row.id), [defender], 'no key made, the defender\'s key not revoked');
+    });
+  });
+
+  // Guarantee: the same for every write that waits for a lock: a co-signature, a session token,
+  // a funding or withdrawal, an unfreeze, auto-topup, a policy's limits, a recipient's address.
+  test('a key revoked while its write waits for a lock changes nothing: approve, rotate-token, fund, withdraw, PATCH, auto-topup, policy, recipient', async (context) => {
+    await withSecondConnection(t, context, async (db) => {
+      const policyId = await newPolicy(t, { requireCoSign: '1', maxPerTx: '5' });
+      const wallet = await fundedWallet(t, '4', policyId);
+      const awaiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' } });
+      assert.equal(awaiting.body.approval?.status, 'awaiting', JSON.stringify(awaiting.body));
+      const frozen = await fundedWallet(t, '1');
+      assert.equal((await t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { body: { status: 'frozen' } })).status, 200);
+      const recipient = await t.request('POST', '/v1/recipients', { body: { domain: `${unique('vendor')}.example`, address: await newRecipient() } });
+      assert.equal(recipient.status, 200, JSON.stringify(recipient.body));
+      const other = await newRecipient();
+      assert.equal((await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '5' } })).status, 200, 'the reserve can fund');
+      const state = async () => JSON.stringify([
+        (await t.request('GET', `/v1/transactions/${awaiting.body.tx_id}`)).body.approval.status,
+        await t.service.ctx.db.query('SELECT balance::text, status, session_public_key, auto_topup_enabled FROM wallets WHERE id = ANY ($1) ORDER BY id',
+          [[wallet.wallet_id, frozen.wallet_id]]),
+        (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance,
+        (await t.request('GET', `/v1/policies/${policyId}`)).body.max_per_tx,
+        (await t.request('GET', `/v1/recipients/${recipient.body.recipient_id}`)).body.address,
+      ]);
+      const before = await state();
+      const walletLock = (id: string) => (tx: Queryable) => tx.query('SELECT id FROM wallets WHERE id = $1 FOR UPDATE', [id]);
+      const cases: Array<[string, (tx: Queryable) => Promise<unknown>, (key: string) => Promise<{ status: number; body: { error?: { code: string } } }>]> = [
+        ['approve', walletLock(wallet.wallet_id), (key) => t.request('POST', `/v1/payments/${awaiting.body.tx_id}/approve`, { key, body: {} })],
+        ['reject', (tx) => tx.query('SELECT id FROM transactions WHERE id = $1 FOR UPDATE', [awaiting.body.tx_id]),
+          (key) => t.request('POST', `/v1/payments/${awaiting.body.tx_id}/reject`, { key, body: {} })],
+        ['rotate-token', walletLock(wallet.wallet_id), (key) => t.request('POST', `/v1/wallets/${wallet.wallet_id}/rotate-token`, { key, body: {} })],
+        ['fund', walletLock(wallet.wallet_id), (key) => t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { key, body: { amount: '1' } })],
+        ['withdraw', walletLock(wallet.wallet_id), (key) => t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { key, body: { amount: '1' } })],
+        ['unfreeze', walletLock(frozen.wallet_id), (key) => t.request('PATCH', `/v1/wallets/${frozen.wallet_id}`, { key, body: { status: 'active' } })],
+        ['auto-topup', walletLock(wallet.wallet_id), (key) => t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`, {
+          key, body: { enabled: true, triggerBelow: '1', topupAmount: '1' } })],
+        ['policy', (tx) => tx.query('SELECT id FROM policies WHERE id = $1 FOR UPDATE', [policyId]),
+          (key) => t.request('PATCH', `/v1/policies/${policyId}`, { key, body: { maxPerTx: '1000' } })],
+        ['recipient', (tx) => tx.query('SELECT id FROM recipients WHERE id = $1 FOR UPDATE', [recipient.body.recipient_id]),
+          (key) => t.request('PATCH', `/v1/recipients/${recipient.body.recipient_id}`, { key, body: { address: other } })],
+      ];
+      for (const [name, lock, request] of cases) {
+        const leaked = await createKey({ name: `Leaked ${name}`, role: 'operator' });
+        const held = await holdLocks(db, lock);
+        const answer = await queuedRequest(t.service.ctx.db, held, () => request(leaked.key),
+          () => t.service.ctx.db.query('UPDATE api_keys SET revoked_at = now() WHERE id = $1', [leaked.api_key_id]));
+        assert.deepEqual([answer.status, answer.body.error?.code], [401, 'authentication_failed'], `${name}: ${JSON.stringify(answer.body)}`);
+      }
+      assert.equal(await state(), before, 'nothing changed');
     });
   });
 

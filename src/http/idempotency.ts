@@ -14,6 +14,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import type { FastifyReply } from 'fastify';
 import { inBatches } from '../db/batches.ts';
 import type { Database, Queryable } from '../db/database.ts';
+import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 
 export const IDEMPOTENCY_TTL_MS = 24 * 60 * 60 * 1000;
@@ -72,6 +73,11 @@ export interface IdempotentOperation {
    * retry take its key over and answer for it.
    */
   leaseNowMs?: number;
+  /**
+   * The API key asking: checked still live where the work records (`mark`, after its locks), so
+   * that a key revoked while the request waited moves nothing. Payments check it themselves.
+   */
+  actingKeyId?: string;
   /** The answer for a resource the first request recorded but did not answer with. */
   recover?: (resourceId: string) => Promise<{ status: number; body: unknown }>;
 }
@@ -139,7 +145,8 @@ export async function runIdempotent(
   op: IdempotentOperation,
   work: (mark: RecordMarker) => Promise<{ status: number; body: unknown }>,
 ): Promise<IdempotentResponse> {
-  if (op.key === null) return { ...(await work(async () => {})), replayed: false };
+  const keyLive: RecordMarker = async (tx) => { await assertActingKeyLive(tx, op.orgId, op.actingKeyId); };
+  if (op.key === null) return { ...(await work(keyLive)), replayed: false };
   const key = op.key;
   const claim = await claimKey(db, { ...op, key }, requestHash(op.operation, op.params));
   if (claim.mode === 'conflict') throw new ServiceError('idempotency_conflict', claim.message);
@@ -156,6 +163,7 @@ export async function runIdempotent(
 
   const { holder } = claim;
   const mark: RecordMarker = async (tx, resourceId) => {
+    await keyLive(tx, resourceId);
     // In the transaction that records: a request whose key a retry took over (its lease ran out
     // while it waited, on the chain say) records nothing, so the key's work is done once.
     const marked = await tx.query(

@@ -13,6 +13,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Instruction } from '@solana/kit';
+import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { alertPolicyViolation, largeTransactionAlerts } from '../automation/automation.ts';
 import { toAddress } from '../chain/base58.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
@@ -688,6 +689,8 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       // The payment's row, then its vault's: the lock order above.
       const row = await lockAwaiting(tx, orgId, txId);
       const wallet = await lockWallet(tx, orgId, row.wallet_id!);
+      // A key revoked while this waited for the locks co-signs nothing.
+      await assertActingKeyLive(tx, orgId, approverKeyId);
       // Read once the vault is locked, and no earlier than its latest spend (spendWindowsFrom).
       const { atMs: nowMs, windows: read } = await spendWindowsFrom(tx, [wallet.id], ctx.clock.nowMs());
       const windows = read.get(wallet.id)!;
@@ -755,6 +758,7 @@ export async function rejectPayment(
 ): Promise<TransactionRow> {
   return ctx.db.transaction(async (tx) => {
     const row = await lockAwaiting(tx, orgId, txId);
+    if (reason === 'rejected') await assertActingKeyLive(tx, orgId, deciderKeyId);
     // Read once the payment's lock is held: a rejection that waited for it (behind an approval)
     // while the expiry passed finds it expired.
     const nowMs = ctx.clock.nowMs();

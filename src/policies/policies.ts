@@ -13,6 +13,7 @@
  */
 import { address, type Signature } from '@solana/kit';
 import { Type } from 'typebox';
+import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import type { PolicyLimits } from '../chain/program.ts';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
@@ -266,7 +267,9 @@ function changeTimeMs(ctx: Ctx, previous: PolicyRow | null): number {
   return previous ? Math.max(nowMs, previous.updated_at.getTime() + 1) : nowMs;
 }
 
+/** Every change of a policy writes its audit row last, its locks held: a key revoked while it waited changes nothing. */
 async function writeAudit(tx: Queryable, atMs: number, actor: Actor, policyId: string, changes: Changes): Promise<void> {
+  await assertActingKeyLive(tx, actor.orgId, actor.keyId);
   await tx.query(
     `INSERT INTO policy_audit (id, org_id, policy_id, changed_by, changes, created_at) VALUES ($1, $2, $3, $4, $5, $6)`,
     [newId('aud', atMs), actor.orgId, policyId, actor.keyId, JSON.stringify(changes), new Date(atMs)]);

@@ -5,6 +5,7 @@
  * wins over the one a payment request brings.
  */
 import { Type } from 'typebox';
+import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { isAddressText } from '../chain/base58.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
@@ -180,7 +181,7 @@ export interface RecipientChange {
 }
 
 export async function updateRecipient(
-  db: Database, nowMs: number, orgId: string, recipientId: string, change: RecipientChange,
+  db: Database, nowMs: number, orgId: string, recipientId: string, change: RecipientChange, actingKeyId?: string,
 ): Promise<RecipientRow> {
   const address = change.address === undefined ? undefined : addressOf(change.address);
   const category = change.category == null ? change.category : categoryOf(change.category);
@@ -188,6 +189,8 @@ export async function updateRecipient(
     const [current] = await tx.query<RecipientRow>(
       'SELECT * FROM recipients WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL FOR UPDATE', [orgId, recipientId]);
     if (!current) throw recipientNotFound(recipientId);
+    // A key revoked while this waited for the row redirects no payment.
+    await assertActingKeyLive(tx, orgId, actingKeyId);
     if (change.domain !== undefined && normaliseDomain(change.domain) !== current.domain) {
       throw invalidRequest('domain',
         'A recipient\'s domain cannot change (payments name it): delete this recipient and create one for the new domain.');

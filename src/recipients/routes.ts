@@ -82,7 +82,7 @@ export function recipientRoutes(app: App, ctx: AppContext): void {
       response: { 200: RecipientView },
     },
   }, async (request) => recipientView(await updateRecipient(
-    ctx.db, ctx.clock.nowMs(), principalOf(request).orgId, request.params.recipient_id, request.body)));
+    ctx.db, ctx.clock.nowMs(), principalOf(request).orgId, request.params.recipient_id, request.body, principalOf(request).keyId)));
 
   app.delete('/v1/recipients/:recipient_id', {
     config: { permission: 'write' },

@@ -131,7 +131,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       throw new ServiceError('invalid_request', 'owner_org must be the organisation of your API key.', { param: 'owner_org' });
     }
     const result = await runIdempotent(ctx.db, {
-      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], idempotencyKey),
+      orgId, actingKeyId: principalOf(request).keyId, key: idempotencyKeyOf(request.headers['idempotency-key'], idempotencyKey),
       operation: 'wallets.create', params: input, nowMs: ctx.clock.nowMs(),
       recover: async (walletId) => ({ status: 200, body: view(await provisionedWallet(ctx, orgId, walletId)) }),
     }, async (mark) => ({
@@ -210,11 +210,11 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       response: { 200: WalletView },
     },
   }, async (request) => {
-    const { orgId } = principalOf(request);
+    const { orgId, keyId } = principalOf(request);
     const { lowBalanceThreshold, ...rest } = request.body;
     const threshold = lowBalanceThreshold === undefined ? undefined
       : lowBalanceThreshold === null ? null : amountOf(lowBalanceThreshold, 'low_balance_threshold');
-    return view(await updateWallet(ctx, orgId, request.params.wallet_id, { ...rest, lowBalanceThreshold: threshold }));
+    return view(await updateWallet(ctx, orgId, request.params.wallet_id, { ...rest, lowBalanceThreshold: threshold }, keyId));
   });
 
   app.delete('/v1/wallets/:wallet_id', {
@@ -239,7 +239,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const ttl = request.body.ttlSeconds ?? SESSION_TTL_SECONDS_DEFAULT;
-    return rotateSessionToken(ctx, principalOf(request).orgId, request.params.wallet_id, ttl);
+    const { orgId, keyId } = principalOf(request);
+    return rotateSessionToken(ctx, orgId, request.params.wallet_id, ttl, keyId);
   });
 
   app.put('/v1/wallets/:wallet_id/auto-topup', {
@@ -265,8 +266,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       throw new ServiceError('invalid_amount', 'trigger_below must be a decimal string of USDC.', { param: 'trigger_below' });
     }
     const amount = topupAmount === undefined ? null : amountOf(topupAmount, 'topup_amount');
-    return view(await setAutoTopup(ctx, principalOf(request).orgId, request.params.wallet_id,
-      { enabled, triggerBelow: trigger, topupAmount: amount }));
+    const { orgId, keyId } = principalOf(request);
+    return view(await setAutoTopup(ctx, orgId, request.params.wallet_id, { enabled, triggerBelow: trigger, topupAmount: amount }, keyId));
   });
 
   app.post('/v1/wallets/:wallet_id/fund', {
@@ -290,7 +291,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     };
     await assertWalletsExist(ctx.db, orgId, [walletId], () => 'wallet_id');
     const result = await runIdempotent(ctx.db, {
-      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      orgId, actingKeyId: principalOf(request).keyId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.fund', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
       recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
     }, async (mark) => answer(await fundWallets(ctx, orgId, [{ walletId, amount }], mark)));
@@ -339,7 +340,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       };
     };
     const result = await runIdempotent(ctx.db, {
-      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      orgId, actingKeyId: principalOf(request).keyId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.fund_batch', params: allocations, nowMs: ctx.clock.nowMs(),
       recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
     }, async (mark) => answer(await fundWallets(ctx, orgId, allocations, mark)));
@@ -369,7 +370,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     };
     await assertWalletsExist(ctx.db, orgId, [walletId], () => 'wallet_id');
     const result = await runIdempotent(ctx.db, {
-      orgId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
+      orgId, actingKeyId: principalOf(request).keyId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.withdraw', params: { walletId, amount }, nowMs: ctx.clock.nowMs(),
       recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
     }, async (mark) => answer(await withdrawFromWallet(ctx, orgId, walletId, amount, mark)));

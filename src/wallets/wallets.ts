@@ -11,6 +11,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { Type } from 'typebox';
 import { address, type Address, type Instruction, type Signature } from '@solana/kit';
+import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Clock } from '../clock/clock.ts';
 import type { Queryable } from '../db/database.ts';
@@ -638,10 +639,13 @@ export interface UpdateWalletInput {
   lowBalanceThreshold?: bigint | null;
 }
 
-export async function updateWallet(ctx: Ctx, orgId: string, walletId: string, input: UpdateWalletInput): Promise<WalletWithPolicy> {
+export async function updateWallet(
+  ctx: Ctx, orgId: string, walletId: string, input: UpdateWalletInput, actingKeyId?: string,
+): Promise<WalletWithPolicy> {
   const nowMs = ctx.clock.nowMs();
   const chainChanged = await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
+    await assertActingKeyLive(tx, orgId, actingKeyId);
     assertNotArchived(wallet);
     if (input.policyId !== undefined && input.policyId !== wallet.policy_id) await assertPolicyUsable(tx, orgId, input.policyId, ctx.clock);
     const next = {
@@ -741,7 +745,7 @@ export async function archiveWallet(ctx: Ctx, orgId: string, walletId: string): 
 // Session authority, auto-topup
 
 export async function rotateSessionToken(
-  ctx: Ctx, orgId: string, walletId: string, ttlSeconds: number,
+  ctx: Ctx, orgId: string, walletId: string, ttlSeconds: number, actingKeyId?: string,
 ): Promise<{ wallet_id: string; session_token: string; expires_at: string }> {
   const nowMs = ctx.clock.nowMs();
   const authority = newSessionAuthority();
@@ -749,6 +753,8 @@ export async function rotateSessionToken(
   await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
     assertNotArchived(wallet);
+    // A key revoked while this waited for the vault mints no credential.
+    await assertActingKeyLive(tx, orgId, actingKeyId);
     // The previous token stops working with this commit: only the new public key is kept.
     await tx.query('UPDATE wallets SET session_public_key = $2, session_expires_at = $3, updated_at = $4 WHERE id = $1',
       [walletId, authority.publicKey, expiresAt, new Date(nowMs)]);
@@ -762,10 +768,13 @@ export interface AutoTopupInput {
   topupAmount: bigint | null;
 }
 
-export async function setAutoTopup(ctx: Ctx, orgId: string, walletId: string, input: AutoTopupInput): Promise<WalletWithPolicy> {
+export async function setAutoTopup(
+  ctx: Ctx, orgId: string, walletId: string, input: AutoTopupInput, actingKeyId?: string,
+): Promise<WalletWithPolicy> {
   const nowMs = ctx.clock.nowMs();
   await ctx.db.transaction(async (tx) => {
     const wallet = await lockWallet(tx, orgId, walletId);
+    await assertActingKeyLive(tx, orgId, actingKeyId);
     assertNotArchived(wallet);
     // Turned on, or given another trigger: a new episode, so a vault already below fires again —
     // unless its topup is still in flight (an auto-topup funding pending): that one is the
