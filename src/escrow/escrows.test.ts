@@ -715,6 +715,11 @@ describe('escrow', () => {
     assert.equal(refused.status, 403, JSON.stringify(refused.body));
     assert.equal(refused.body.error.code, 'insufficient_permissions');
     assert.match(refused.body.error.message, /default organisation/);
+    // Whatever the decision says: a key that may not decide learns nothing of its validity.
+    for (const body of [{ decision: 'refund', toReceiver: '1' }, { decision: 'split' }, { decision: 'split', toReceiver: 'x', toSender: '1' }]) {
+      const invalid = await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/resolve`, { key: theirArbiter, body });
+      assert.deepEqual([invalid.status, invalid.body.error?.code], [403, 'insufficient_permissions'], JSON.stringify(body));
+    }
 
     const serviceArbiter = await t.createKey('arbiter');
     assert.equal((await t.request('GET', `/v1/payments/a2a/${disputed.escrow_id}`, { key: serviceArbiter })).body.status, 'disputed');

@@ -124,6 +124,12 @@ export async function prepareEscrowMove(
  * arbiter role is platform-level): by arbiter keys of its default organisation, the one that runs
  * it, never by an organisation taking part, which would judge its own dispute.
  */
+/** An arbiter key of an organisation taking part, not of the service's: it cannot decide. */
+export function notServiceArbiter(): ServiceError {
+  return new ServiceError('insufficient_permissions',
+    'Disputes are decided by the service: arbiter keys of its default organisation resolve them, not the organisations taking part.');
+}
+
 export async function isServiceArbiter(q: Queryable, principal: { orgId: string; role: string }): Promise<boolean> {
   if (principal.role !== 'arbiter') return false;
   const [org] = await q.query<{ is_default: boolean }>('SELECT is_default FROM organizations WHERE id = $1', [principal.orgId]);
@@ -772,10 +778,7 @@ export interface Resolution {
 export async function resolveEscrow(
   ctx: Ctx, arbiter: { orgId: string; role: string; keyId: string }, escrowId: string, split: Resolution, options: { wait: boolean },
 ): Promise<EscrowRow> {
-  if (!(await isServiceArbiter(ctx.db, arbiter))) {
-    throw new ServiceError('insufficient_permissions',
-      'Disputes are decided by the service: arbiter keys of its default organisation resolve them, not the organisations taking part.');
-  }
+  if (!(await isServiceArbiter(ctx.db, arbiter))) throw notServiceArbiter();
   const keyId = arbiter.keyId;
   const before = await getEscrow(ctx.db, arbiter.orgId, escrowId, { serviceArbiter: true });
   const orgId = before.org_id;

@@ -16,7 +16,7 @@ import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, assertWalletsExist, findWallet, getWallet, walletNotFound } from '../wallets/wallets.ts';
 import {
   TASK_DESCRIPTION_MAX, TIMEOUT_SECONDS_DEFAULT, TIMEOUT_SECONDS_MAX, TIMEOUT_SECONDS_MIN,
-  completeEscrow, createEscrow, declineEscrow, disputeEscrow, getEscrow, isServiceArbiter, receiverAddress, resolveEscrow,
+  completeEscrow, createEscrow, declineEscrow, disputeEscrow, getEscrow, isServiceArbiter, notServiceArbiter, receiverAddress, resolveEscrow,
   type EscrowRow, type PartySession,
 } from './escrows.ts';
 import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
@@ -272,8 +272,10 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const principal = principalOf(request);
-    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id,
-      { serviceArbiter: await isServiceArbiter(ctx.db, principal) });
+    const serviceArbiter = await isServiceArbiter(ctx.db, principal);
+    const escrow = await getEscrow(ctx.db, principal.orgId, request.params.escrow_id, { serviceArbiter });
+    // Refused before the decision is read: a key that may not decide learns nothing of its validity.
+    if (!serviceArbiter) throw notServiceArbiter();
     const { decision, toReceiver, toSender } = request.body;
     if (decision !== 'split' && (toReceiver !== undefined || toSender !== undefined)) {
       throw invalidRequest('decision', 'toReceiver and toSender go with decision "split".');
