@@ -507,6 +507,45 @@ describe('webhook deliveries', () => {
     }
   });
 
+  test('a run held up by slow receivers still ends on time, and serves a slow webhook\'s retries while it lasts', async () => {
+    // Eight webhooks answering in 1.3 s hold claimers a second and more at every step; a ninth,
+    // another tenant's, fails slowly (marked slow). Events keep coming for as long as the run lasts.
+    const slowish = await startReceiver();
+    slowish.reply = (request) => (request.path === '/failing' ? { status: 500, delayMs: 1_500 } : { status: 200, delayMs: 1_300 });
+    const busy = await t.createOrganization('Busy, slow to answer');
+    for (let i = 0; i < 8; i += 1) {
+      assert.equal((await t.request('POST', '/v1/webhooks', { key: busy.adminKey, body: { url: slowish.url(`/slow/${i}`), events: '*' } })).status, 200);
+    }
+    const other = await t.createOrganization('Failing slowly');
+    const failing = await t.request('POST', '/v1/webhooks', { key: other.adminKey, body: { url: slowish.url('/failing'), events: '*' } });
+    const ctx = t.service.ctx as AppContext;
+    let running = true;
+    const events = (async () => {
+      for (let n = 0; running; n += 1) {
+        await recordEvent(ctx.db, ctx.clock.nowMs(), { orgId: busy.orgId, type: 'policy.created', summary: 'busy', payload: {} });
+        if (n % 10 === 0) await recordEvent(ctx.db, ctx.clock.nowMs(), { orgId: other.orgId, type: 'policy.created', summary: 'other', payload: {} });
+        await new Promise((resolve) => setTimeout(resolve, 150));
+      }
+    })();
+    try {
+      const run = dispatchWebhooks(ctx).then(() => 'ended' as const);
+      // Without a bound the run went on for as long as the events did: they stop here after 60 s.
+      const ended = await Promise.race([run, new Promise<'still running'>((resolve) => setTimeout(() => resolve('still running'), 60_000))]);
+      running = false;
+      await run;
+      assert.equal(ended, 'ended', 'the run ended while events were still coming');
+      const [left] = await ctx.db.query<{ n: number }>(
+        `SELECT count(*)::int AS n FROM webhook_deliveries WHERE webhook_id = $1 AND status = 'pending' AND next_attempt_at <= $2`,
+        [failing.body.webhook_id, new Date(ctx.clock.nowMs() - 2_000)]);
+      assert.equal(left!.n, 0, 'the slow webhook\'s due attempts were made during the run, not left behind the others');
+      assert.ok(slowish.received.some((r) => r.path === '/failing'), 'the slow webhook was reached');
+    } finally {
+      running = false;
+      await events;
+      await slowish.close();
+    }
+  });
+
   test('a worker that dies mid-batch loses no event: its lease lapses and the second attempt delivers it', async () => {
     const { key, webhookId } = await setUp('/crash', ['policy.created']);
     const event = await newPolicyEvent(key, 'Crash');

@@ -750,8 +750,8 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
   const claimers = new Set<Claimer>();
   const running = new Set<Promise<void>>();
 
-  // Each claimer makes at least one step (one started late, for a held-up one, too), then goes on
-  // until nothing is left or the run's time is spent.
+  // Each claimer makes at least one step, then goes on until nothing is left or the run's time
+  // is spent (none is started after it).
   const claim = async (self: Claimer): Promise<void> => {
     let dueLookedAt = -Infinity;
     let dueWasFull = false;
@@ -793,10 +793,17 @@ export async function dispatchWebhooks(ctx: AppContext): Promise<{ attempted: nu
       void Promise.allSettled([...running]).then(() => { clearTimeout(timer); resolve(); });
     });
     const now = performance.now();
+    // Past the run's time no claimer is started: the run ends once the steps under way do.
+    if (failures.length > 0 || now >= deadlineMs) continue;
     const heldUp = [...claimers].filter((c) => c.stepStartedMs !== null && now - c.stepStartedMs >= HELD_UP_AFTER_MS);
-    if (heldUp.length === 0 || failures.length > 0) continue;
+    if (heldUp.length === 0) continue;
     // Its receiver is slow: marked so, its next work goes to the slow lane.
     for (const c of heldUp) if (c.streamOf !== null) markSlow(ctx, c.streamOf);
+    // The slow lane is kept at its size while the run goes on (its claimers that found nothing to
+    // do have ended; slow webhooks' retries come due meanwhile), and the others are topped up to
+    // CLAIMERS not held up.
+    const slowLane = [...claimers].filter((c) => c.slowLane).length;
+    for (let n = slowLane; n < SLOW_LANE_CLAIMERS && claimers.size < CLAIMERS_MAX; n += 1) start(true);
     for (let free = claimers.size - heldUp.length; free < CLAIMERS && claimers.size < CLAIMERS_MAX; free += 1) start(false);
   }
   if (failures.length > 0) throw failures[0];
