@@ -11,11 +11,10 @@ import Fastify, {
 import rateLimit from '@fastify/rate-limit';
 import { SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { Type } from 'typebox';
 import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate, principalOf } from './auth.ts';
-import { ERROR_CODE_KEYWORD, NoFields } from './fields.ts';
+import { ERROR_CODE_KEYWORD } from './fields.ts';
 import type { AppContext } from './context.ts';
 import { registerDocs } from './docs.ts';
 import { registerRoutes } from './routes.ts';
@@ -67,11 +66,6 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   // as "must be object" instead of asking for the content type the API takes.
   app.removeContentTypeParser('text/plain');
   app.decorateRequest('principal', null);
-  // A DELETE takes no field: one sent is refused (400 naming it), as every body refuses unknown
-  // fields, rather than ignored (`{"force": true}` does not force anything).
-  app.addHook('onRoute', (route) => {
-    if (route.method === 'DELETE' && route.schema && route.schema.body === undefined) route.schema.body = Type.Optional(NoFields);
-  });
   let closing = false;
   app.addHook('preClose', async () => { closing = true; });
   app.addHook('onRequest', async (request, reply) => {
@@ -116,6 +110,14 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       throw invalidRequest('idempotency_key',
         'This request does not take an Idempotency-Key: only payments, escrow creation, wallet creation, funding, batch funding '
           + 'and withdrawals do (docs/decisions.md, "Idempotency"). Send it without the header.');
+    }
+    // A DELETE takes no field: one sent is refused (400 naming it), as every body refuses unknown
+    // fields, rather than ignored (`{"force": true}` does not force anything). Checked here, not
+    // by a body schema, which the OpenAPI document would show as a required request body.
+    if (request.method === 'DELETE' && request.body !== undefined && !request.is404) {
+      const fields = typeof request.body === 'object' && request.body !== null && !Array.isArray(request.body) ? Object.keys(request.body) : null;
+      if (fields === null) throw invalidRequest('body', 'A DELETE takes no body: send none, or {}.');
+      if (fields.length > 0) throw invalidRequest(toSnakeCase(fields[0]!), `Unknown field "${fields[0]}": a DELETE takes no body.`);
     }
     // A POST without a body is an empty object: `POST /v1/payments/:id/approve` needs no fields.
     if (request.body === undefined && request.routeOptions.schema?.body) request.body = {};

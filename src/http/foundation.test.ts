@@ -448,8 +448,15 @@ describe('request conventions', () => {
     const path = `/v1/webhooks/${hook.body.webhook_id}`;
     const refused = await t.request('DELETE', path, { key, body: { force: true } });
     assert.deepEqual([refused.status, refused.body.error?.code, refused.body.error?.param], [400, 'invalid_request', 'force']);
+    const list = await t.request('DELETE', path, { key, body: [] });
+    assert.deepEqual([list.status, list.body.error?.param], [400, 'body']);
     assert.equal((await t.request('GET', path, { key })).status, 200, 'still there');
-    assert.equal((await t.request('DELETE', path, { key })).status, 200, 'without a body it is deleted');
+    assert.equal((await t.request('DELETE', path, { key: await t.createKey('admin') })).status, 200, 'without a body it is deleted');
+    // The reference shows no request body for a DELETE (none is required, or taken).
+    const openapi = (await t.request('GET', '/openapi.json', { key: null })).body as { paths: Record<string, Record<string, { requestBody?: unknown }>> };
+    const deletes = Object.entries(openapi.paths).flatMap(([route, ops]) => (ops.delete ? [[route, ops.delete.requestBody]] : []));
+    assert.ok(deletes.length >= 6, JSON.stringify(deletes));
+    assert.deepEqual(deletes.filter(([, body]) => body !== undefined), [], 'no DELETE has a requestBody');
   });
 
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {
