@@ -132,7 +132,8 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     }
     const result = await runIdempotent(ctx.db, {
       orgId, actingKeyId: principalOf(request).keyId, key: idempotencyKeyOf(request.headers['idempotency-key'], idempotencyKey),
-      operation: 'wallets.create', params: input, nowMs: ctx.clock.nowMs(),
+      // No tags are hashed as none, as before tags were normalised: keys taken then still replay.
+      operation: 'wallets.create', params: { ...input, tags: input.tags.length ? input.tags : undefined }, nowMs: ctx.clock.nowMs(),
       recover: async (walletId) => ({ status: 200, body: view(await provisionedWallet(ctx, orgId, walletId)) }),
     }, async (mark) => ({
       status: 200, body: view(await createWallet(ctx, orgId, input, mark)),
