@@ -824,7 +824,7 @@ describe('events, wallet states and automation', () => {
       assert.deepEqual(await alerts(other.adminKey, theirs.wallet_id), [...Array(4).fill('3.00 > 1.00'), '6.00 > 1.00'].sort());
 
       // The same through one call, as a settlement batch of both organisations makes it.
-      const row = (orgId: string, id: string, amount: bigint) => ({ org_id: orgId, wallet_id: 'wal_x', id, amount });
+      const row = (orgId: string, id: string, amount: bigint) => ({ org_id: orgId, wallet_id: 'wal_x', id, amount, type: 'payment' as const });
       const raised = await largeTransactionAlerts(t.service.ctx.db, [
         row(t.orgId, 'tx_a', 3_000_000n), row(other.orgId, 'tx_b', 3_000_000n), row(t.orgId, 'tx_c', 6_000_000n), row('org_none', 'tx_d', 9_000_000n),
       ]);
@@ -867,6 +867,49 @@ describe('events, wallet states and automation', () => {
     await t.settled();
     const alerts = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${wallet.wallet_id}`, { key: busy.adminKey })).body.data;
     assert.deepEqual(alerts.map((e: { details: { alert: string } }) => e.details.alert), ['velocity_spike']);
+  });
+
+  // Guarantee: a spike is a spike however briefly it lasted: more payments than the setting within
+  // an hour, though by the next scan the first of them has left the hour before it.
+  test('a velocity spike that ended before the scan is alerted, with its peak count', async () => {
+    const { adminKey: key } = await t.createOrganization('Brief spike');
+    assert.equal((await t.request('PUT', '/v1/alerts', {
+      key, body: { policyViolation: true, inactivityHours: null, velocityPerHour: 2, largeTransactionAbove: null },
+    })).status, 200);
+    const wallet = await fundedWallet(t, '3', 'pol_permissive', key);
+    const pay = async () => {
+      const paid = await t.request('POST', '/v1/payments', { key, body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' } });
+      assert.equal(paid.status, 200, JSON.stringify(paid.body));
+    };
+    await pay();
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 3590 } });
+    await pay();
+    await pay();
+    // Three within the hour; 15 s on, the first has left the hour before now.
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 15 } });
+    await t.settled();
+    await scanAlerts(t.service.ctx);
+    const raised = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${wallet.wallet_id}`, { key })).body.data
+      .map((e: { details: { alert: string; count: number } }) => [e.details.alert, e.details.count]);
+    assert.deepEqual(raised, [['velocity_spike', 3]]);
+  });
+
+  // Guarantee: an escrow moves money out of a vault as a payment does: a large one is alerted.
+  test('an escrow above the large-transaction threshold raises the alert once its lock is confirmed', async () => {
+    const { adminKey: key } = await t.createOrganization('Large escrow');
+    assert.equal((await t.request('PUT', '/v1/alerts', {
+      key, body: { policyViolation: true, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: '0.5' },
+    })).status, 200);
+    const from = await fundedWallet(t, '5', 'pol_permissive', key);
+    const to = await fundedWallet(t, '0.1', 'pol_permissive', key);
+    const escrow = await t.request('POST', '/v1/payments/a2a', {
+      key, body: { fromWallet: from.wallet_id, toWallet: to.wallet_id, amount: '3', currency: 'USDC', taskDescription: 'Summarise' },
+    });
+    assert.equal(escrow.body.status, 'locked', JSON.stringify(escrow.body));
+    await t.settled();
+    const raised = (await t.request('GET', `/v1/events?type=alert.raised&walletId=${from.wallet_id}`, { key })).body.data
+      .map((e: { summary: string; details: { alert: string; amount: string } }) => [e.details.alert, e.details.amount, e.summary]);
+    assert.deepEqual(raised, [['large_transaction', '3.00', 'Escrow of 3.00 USDC above the 0.50 USDC alert threshold']]);
   });
 
   // Guarantee: a velocity spike is not alerted for an archived vault (nobody acts on it, and it

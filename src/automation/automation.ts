@@ -291,7 +291,7 @@ export async function alertPolicyViolation(
  * a settlement batch costs the same round trips whatever the number of tenants in it.
  */
 export async function largeTransactionAlerts(
-  q: Queryable, payments: ReadonlyArray<Pick<TransactionRow, 'org_id' | 'wallet_id' | 'id' | 'amount'>>,
+  q: Queryable, payments: ReadonlyArray<Pick<TransactionRow, 'org_id' | 'wallet_id' | 'id' | 'amount' | 'type'>>,
 ): Promise<NewEvent[]> {
   if (payments.length === 0) return [];
   const rows = await q.query<{ org_id: string; large_transaction_amount: bigint }>(
@@ -302,10 +302,12 @@ export async function largeTransactionAlerts(
     const threshold = thresholds.get(payment.org_id);
     if (threshold === undefined || payment.amount <= threshold) return [];
     return [alertEvent(payment.org_id, payment.wallet_id!, 'large_transaction',
-      `Payment of ${formatUsdc(payment.amount)} USDC above the ${formatUsdc(threshold)} USDC alert threshold`,
+      `${payment.type === 'a2a_send' ? 'Escrow' : 'Payment'} of ${formatUsdc(payment.amount)} USDC above the ${formatUsdc(threshold)} USDC alert threshold`,
       { tx_id: payment.id, amount: formatUsdc(payment.amount), threshold: formatUsdc(threshold) })];
   });
 }
+
+const HOUR_MS = 3_600_000;
 
 /** The `alerts.scan` job: inactivity and velocity spikes, once per episode. */
 export async function scanAlerts(ctx: Ctx): Promise<number> {
@@ -343,8 +345,13 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
      ORDER BY w.last_transaction_at DESC
      LIMIT ${BATCH}`, [now]);
   for (const wallet of candidates) {
+    // The peak: the most payments in the hour ending at any payment of the last hour. Counting
+    // the hour before the scan instead missed a spike that ended between two scans (30 s).
     const [row] = await ctx.db.query<{ count: number }>(
-      'SELECT COUNT(*)::int AS count FROM transactions WHERE wallet_id = $1 AND spend_at_ms > $2', [wallet.id, nowMs - 3_600_000]);
+      `SELECT COALESCE(max(n), 0)::int AS count FROM (
+         SELECT spend_at_ms, count(*) OVER (ORDER BY spend_at_ms RANGE BETWEEN ${HOUR_MS - 1} PRECEDING AND CURRENT ROW) AS n
+         FROM transactions WHERE wallet_id = $1 AND spend_at_ms > $2) counted
+       WHERE spend_at_ms > $3`, [wallet.id, nowMs - 2 * HOUR_MS, nowMs - HOUR_MS]);
     const count = row?.count ?? 0;
     if (count <= wallet.per_hour) continue;
     raised += await ctx.db.transaction(async (tx) => {
@@ -361,7 +368,7 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
            AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
       if (!claimed.length) return 0;
       await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'velocity_spike',
-        `Wallet ${wallet.id} made ${count} payments in the last hour (alert above ${perHour})`, { count, per_hour: perHour });
+        `Wallet ${wallet.id} made ${count} payments within an hour (alert above ${perHour})`, { count, per_hour: perHour });
       return 1;
     });
   }

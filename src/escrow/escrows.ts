@@ -17,6 +17,7 @@
 import { randomBytes } from 'node:crypto';
 import { address, type Address, type Instruction, type Signature } from '@solana/kit';
 import { assertActingKeyLive } from '../api-keys/api-keys.ts';
+import { largeTransactionAlerts } from '../automation/automation.ts';
 import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, retryShortly } from '../errors/errors.ts';
@@ -975,6 +976,8 @@ const nothing = async () => {};
 registerSettlementRule('a2a_send', {
   async confirmed(tx, nowMs, row) {
     await finishClosing(tx, nowMs, row, true);
+    // An escrow moves money out of the vault as a payment does: the large-transaction alert too.
+    await recordEvents(tx, nowMs, await largeTransactionAlerts(tx, [row]));
   },
   async failed(tx, nowMs, row) {
     await tx.query('UPDATE wallets SET balance = balance + $2 WHERE id = $1', [row.wallet_id, row.amount]);
