@@ -471,6 +471,7 @@ describe('webhook deliveries', () => {
     // One receiver stalls past the 5 s deadline on /stall/*; /fine answers at once.
     const stalling = await startReceiver();
     stalling.reply = (request) => (request.path.startsWith('/stall') ? { status: 200, delayMs: 6_000 } : { status: 200 });
+    const made: Array<[string, string]> = []; // [key, webhook id]: deleted at the end, so that later tests' streams come first
     try {
       const slowOrg = await t.createOrganization('Stalling receivers');
       const slowIds: string[] = [];
@@ -479,10 +480,12 @@ describe('webhook deliveries', () => {
         const created = await t.request('POST', '/v1/webhooks', { key: slowOrg.adminKey, body: { url: stalling.url(`/stall/${i}`), events: '*' } });
         assert.equal(created.status, 200, JSON.stringify(created.body));
         slowIds.push(created.body.webhook_id);
+        made.push([slowOrg.adminKey, created.body.webhook_id]);
       }
       const other = await t.createOrganization('Answering receiver');
       const fine = await t.request('POST', '/v1/webhooks', { key: other.adminKey, body: { url: stalling.url('/fine'), events: '*' } });
       assert.equal(fine.status, 200, JSON.stringify(fine.body));
+      made.push([other.adminKey, fine.body.webhook_id]);
       await newPolicyEvent(slowOrg.adminKey, 'for the stalling receivers');
       await newPolicyEvent(other.adminKey, 'for the answering one');
       // When the answering receiver is reached, the stalling ones are still holding their requests:
@@ -503,6 +506,7 @@ describe('webhook deliveries', () => {
         'SELECT status, attempts FROM webhook_deliveries WHERE webhook_id = ANY ($1)', [slowIds]);
       assert.deepEqual(stalled.map((d) => [d.status, d.attempts]), Array(4).fill(['pending', 1]), 'each stalled attempt failed, its retry due');
     } finally {
+      for (const [key, id] of made) await t.request('DELETE', `/v1/webhooks/${id}`, { key });
       await stalling.close();
     }
   });
@@ -513,11 +517,15 @@ describe('webhook deliveries', () => {
     const slowish = await startReceiver();
     slowish.reply = (request) => (request.path === '/failing' ? { status: 500, delayMs: 1_500 } : { status: 200, delayMs: 1_300 });
     const busy = await t.createOrganization('Busy, slow to answer');
+    const made: Array<[string, string]> = []; // deleted at the end, so that later tests' streams come first
     for (let i = 0; i < 8; i += 1) {
-      assert.equal((await t.request('POST', '/v1/webhooks', { key: busy.adminKey, body: { url: slowish.url(`/slow/${i}`), events: '*' } })).status, 200);
+      const created = await t.request('POST', '/v1/webhooks', { key: busy.adminKey, body: { url: slowish.url(`/slow/${i}`), events: '*' } });
+      assert.equal(created.status, 200, JSON.stringify(created.body));
+      made.push([busy.adminKey, created.body.webhook_id]);
     }
     const other = await t.createOrganization('Failing slowly');
     const failing = await t.request('POST', '/v1/webhooks', { key: other.adminKey, body: { url: slowish.url('/failing'), events: '*' } });
+    made.push([other.adminKey, failing.body.webhook_id]);
     const ctx = t.service.ctx as AppContext;
     let running = true;
     const events = (async () => {
@@ -542,6 +550,7 @@ describe('webhook deliveries', () => {
     } finally {
       running = false;
       await events;
+      for (const [key, id] of made) await t.request('DELETE', `/v1/webhooks/${id}`, { key });
       await slowish.close();
     }
   });
