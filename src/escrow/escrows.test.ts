@@ -1070,6 +1070,7 @@ describe('escrow', () => {
     const created = (await open(from, to.wallet_id)).body;
     const send = (await t.request('GET', `/v1/transactions?walletId=${from.wallet_id}&type=a2a_send`)).body.data[0];
     assert.ok(send, JSON.stringify(created));
+    assert.equal(send.escrow_id, created.escrow_id, 'the row names its escrow');
     const intent = {
       wallet: send.wallet_id, recipient: send.recipient, amount: send.amount, currency: send.currency, memo: send.memo,
       category: send.category, time: send.attested_at,

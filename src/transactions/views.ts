@@ -62,6 +62,9 @@ export const TransactionView = Type.Object({
   attested_at: Type.Union([Type.String(), Type.Null()], {
     description: 'the instant the attestation hash commits to (`time`), just before signing; null for other types',
   }),
+  escrow_id: Type.Union([Type.String(), Type.Null()], {
+    description: 'the escrow an a2a_send, escrow_lock, escrow_release, a2a_receive or escrow_refund row belongs to; null for other types',
+  }),
 });
 
 /** A payment's answer (pay, approve, reject, `GET /v1/payments/{tx_id}`): the view and `signature`. */
@@ -149,6 +152,7 @@ export function transactionView(row: TransactionRow & { approval?: StoredApprova
     settled_at: row.settled_at?.toISOString() ?? null,
     category: row.category,
     attested_at: row.attested_at?.toISOString() ?? null,
+    escrow_id: row.escrow_id,
   };
 }
 
