@@ -10,6 +10,7 @@ import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { newId } from '../ids/ids.ts';
 import { MAX_MICRO_USDC, formatUsdc } from '../money/money.ts';
+import { assertOrganizationReady } from '../wallets/wallets.ts';
 import { getOrganization } from './organizations.ts';
 
 export interface DepositRow {
@@ -58,6 +59,8 @@ export async function depositTestUsdc(ctx: AppContext, orgId: string, amount: bi
   if (!ctx.cheatcodes) throw new ServiceError('not_found', 'Test helpers need the local validator.');
   const org = await getOrganization(ctx.db, orgId);
   if (!org) throw new ServiceError('not_found', 'No such organisation.');
+  // A reserve not yet checked to be the service's own (another key may have made it) gets nothing.
+  assertOrganizationReady(org);
   // Refused before minting: the chain's u64 would take it, and the index's BIGINT columns (the
   // reserve, then a vault it funds) would not, leaving the two apart for good.
   const [held] = await ctx.db.query<{ total: string }>(

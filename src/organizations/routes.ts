@@ -12,7 +12,9 @@ export const OrganizationView = Type.Object({
   org_id: Type.String(),
   name: Type.String(),
   reserve: Type.Object({
-    chain_address: Type.String({ description: 'the reserve account (program-derived address)' }),
+    chain_address: Type.Union([Type.String(), Type.Null()], {
+      description: 'the reserve account (program-derived address); null until the reserve is set up on chain',
+    }),
     token_account: Type.Union([Type.String(), Type.Null()], {
       description: 'its USDC token account: send USDC here to deposit; null until the reserve is set up on chain',
     }),
@@ -32,8 +34,9 @@ export function organizationRoutes(app: App, ctx: AppContext): void {
       org_id: org.id,
       name: org.name,
       reserve: {
-        chain_address: org.reserve_address,
-        // Shown once the service has set the reserve up and checked it is its own (organizations.ts).
+        // Shown once the service has set the reserve up and checked it is its own (organizations.ts):
+        // the owner's address leads to its token account as surely as the account's own does.
+        chain_address: org.chain_status === 'ready' ? org.reserve_address : null,
         token_account: org.chain_status === 'ready' ? org.reserve_token_address : null,
         usdc_balance: formatUsdc(org.reserve_balance),
       },

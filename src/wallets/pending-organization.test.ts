@@ -84,8 +84,13 @@ describe('an organisation not set up on chain', () => {
       assert.equal(setUp.err, null);
       assert.equal((await theirs.execute([await theirs.createVaultIx(orgId, agentId, moderate.id)])).err, null);
     });
-    const deposit = await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount: '10' } });
-    assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
+    // Nothing points at the reserve the squatter controls: neither its address nor its token
+    // account is shown, and no test deposit is minted into it.
+    const shown = (await t.request('GET', '/v1/organization', { key })).body.reserve;
+    assert.deepEqual([shown.chain_address, shown.token_account], [null, null]);
+    assertNotSetUp(await t.request('POST', '/v1/test_helpers/deposits', { key, body: { amount: '10' } }));
+    // A balance indexed all the same (one sent there from outside before the squatter was known).
+    await ctx.db.query('UPDATE organizations SET reserve_balance = 10000000 WHERE id = $1', [orgId]);
 
     assertNotSetUp(await t.request('POST', '/v1/wallets', { key, body: { agentId, label: 'Agent', policyId: 'pol_moderate' } }));
     assert.equal(await countOf('SELECT count(*)::int AS n FROM wallets WHERE org_id = $1', [orgId]), 0, 'the squatter\'s vault is not adopted');
