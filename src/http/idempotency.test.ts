@@ -40,7 +40,7 @@ describe('idempotency keys', () => {
     release();
     assert.deepEqual(await first, { status: 200, body: { n: 1 }, replayed: false });
     assert.deepEqual(await runIdempotent(t.service.ctx.db, op(key, 3_000), async () => ({ status: 500, body: {} })),
-      { status: 200, body: { n: 1 }, replayed: true });
+      { status: 200, body: { n: 1 }, replayed: true, stored: true });
     await assert.rejects(runIdempotent(t.service.ctx.db, op(key, 3_000, { params: { a: 2 } }), async () => ({ status: 200, body: {} })),
       (error: ServiceError) => error.code === 'idempotency_conflict' && /other parameters/.test(error.message));
     assert.equal(runs, 1);
@@ -113,7 +113,7 @@ describe('idempotency keys', () => {
     release();
     await assert.rejects(first, (error: ServiceError) => error.code === 'idempotency_conflict' && /took the key over/.test(error.message));
     const replay = await runIdempotent(db, op(key, 300_000 + IDEMPOTENCY_LEASE_MS + 1), async () => ({ status: 500, body: {} }));
-    assert.deepEqual(replay, { status: 200, body: { second: true }, replayed: true });
+    assert.deepEqual(replay, { status: 200, body: { second: true }, replayed: true, stored: true });
     const [row] = await db.query<{ resource_id: string }>('SELECT resource_id FROM idempotency_keys WHERE org_id = $1 AND key = $2', [t.orgId, key]);
     assert.equal(row!.resource_id, 'tx_second', 'the first request\'s record was rolled back with its mark');
   });
@@ -135,7 +135,7 @@ describe('idempotency keys', () => {
     release();
     assert.deepEqual(await running, { status: 200, body: { settled: true }, replayed: false });
     assert.deepEqual(await runIdempotent(t.service.ctx.db, retry, async () => ({ status: 500, body: {} })),
-      { status: 200, body: { settled: true }, replayed: true }, 'the first answer is the key\'s');
+      { status: 200, body: { settled: true }, replayed: true, stored: true }, 'the first answer is the key\'s');
   });
 
   test('a refusal recovered from a dead first request\'s record is marked as a replay', async () => {

@@ -24,6 +24,8 @@ export interface IdempotentResponse {
   status: number;
   body: unknown;
   replayed: boolean;
+  /** the body as stored for the key: sent as it is, not through today's response schema */
+  stored?: boolean;
 }
 
 export function requestHash(operation: string, params: unknown): string {
@@ -158,7 +160,7 @@ export async function runIdempotent(
       replay.replayed = true;
       throw replay;
     }
-    return { status: claim.status, body: claim.body, replayed: true };
+    return { status: claim.status, body: claim.body, replayed: true, stored: true };
   }
 
   const { holder } = claim;
@@ -235,5 +237,9 @@ export class LeaseLostError extends ServiceError {
 /** Sends an idempotent outcome, marking a replay with `Idempotency-Replayed: true`. */
 export function sendIdempotent(reply: FastifyReply, result: IdempotentResponse): FastifyReply {
   if (result.replayed) reply.header('Idempotency-Replayed', 'true');
+  // A stored answer is the first answer, byte for byte: one a process of an earlier version
+  // stored may lack a field today's schema requires, which its serializer would refuse (a 500
+  // on every retry of the key for 24 hours).
+  if (result.stored) reply.type('application/json; charset=utf-8').serializer((payload: unknown) => JSON.stringify(payload));
   return reply.code(result.status).send(result.body);
 }

@@ -1154,6 +1154,22 @@ describe('payments under concurrency', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
   });
 
+  test('a replay answers as stored, even an answer an earlier version stored without a field the view has now', async () => {
+    const wallet = await fundedWallet(t, '2');
+    const key = unique('older');
+    const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' };
+    const first = await t.request('POST', '/v1/payments', { body, headers: { 'idempotency-key': key } });
+    assert.equal(first.status, 200, JSON.stringify(first.body));
+    // As a process of the version before `escrow_id` was added to the view stored it.
+    await t.service.ctx.db.query(`UPDATE idempotency_keys SET response_body = response_body - 'escrow_id' WHERE org_id = $1 AND key = $2`,
+      [t.orgId, key]);
+    const replay = await t.request('POST', '/v1/payments', { body, headers: { 'idempotency-key': key } });
+    assert.equal(replay.status, 200, JSON.stringify(replay.body));
+    assert.equal(replay.headers['idempotency-replayed'], 'true');
+    const { escrow_id: _added, ...stored } = first.body;
+    assert.deepEqual(replay.body, stored, 'the stored answer, byte for byte');
+  });
+
   test('a key revoked elsewhere (another node, the CLI) pays nothing, even while this process still has it cached', async () => {
     const wallet = await fundedWallet(t, '5');
     const key = await t.createKey('operator');
