@@ -120,17 +120,17 @@ export async function prepareEscrowMove(
   return chain.prepare([referenceMemoIx(`${escrowId}:${move}:${randomBytes(6).toString('base64url')}`), ...instructions]);
 }
 
-/**
- * Disputes are decided by the service (SPEC: "beta: the service is arbiter"; DESIGN §7: the
- * arbiter role is platform-level): by arbiter keys of its default organisation, the one that runs
- * it, never by an organisation taking part, which would judge its own dispute.
- */
 /** An arbiter key of an organisation taking part, not of the service's: it cannot decide. */
 export function notServiceArbiter(): ServiceError {
   return new ServiceError('insufficient_permissions',
     'Disputes are decided by the service: arbiter keys of its default organisation resolve them, not the organisations taking part.');
 }
 
+/**
+ * Disputes are decided by the service (SPEC: "beta: the service is arbiter"; DESIGN §7: the
+ * arbiter role is platform-level): by arbiter keys of its default organisation, the one that runs
+ * it, never by an organisation taking part, which would judge its own dispute.
+ */
 export async function isServiceArbiter(q: Queryable, principal: { orgId: string; role: string }): Promise<boolean> {
   if (principal.role !== 'arbiter') return false;
   const [org] = await q.query<{ is_default: boolean }>('SELECT is_default FROM organizations WHERE id = $1', [principal.orgId]);

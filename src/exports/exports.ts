@@ -440,13 +440,14 @@ export async function buildDueExports(ctx: AppContext): Promise<void> {
 // ---------------------------------------------------------------------------------------------
 // Expiry (the exports.expire job)
 
-/**
- * Deletes the files of exports past expires_at (the export becomes `expired`), then the records
- * of exports older than the retention; a bounded batch of each. Returns how many of each.
- */
 /** How long a file outlives its export's expiry, for a download begun before it. */
-export const DOWNLOAD_GRACE_MS = 60 * 60 * 1000;
+const DOWNLOAD_GRACE_MS = 60 * 60 * 1000;
 
+/**
+ * Deletes the files of exports past expires_at (the export becomes `expired`) an hour after it,
+ * then the records of exports older than the retention; a bounded batch of each. Returns how
+ * many of each.
+ */
 export async function expireExports(db: Database, nowMs: number): Promise<{ expired: number; deleted: number }> {
   const now = new Date(nowMs);
   const expired = await db.transaction(async (tx) => {

@@ -101,7 +101,7 @@ function noteOutcome(ctx: AppContext, webhookId: string, result: AttemptResult):
 }
 
 /** The webhooks marked slow now. */
-export function slowWebhookIds(ctx: AppContext): string[] {
+function slowWebhookIds(ctx: AppContext): string[] {
   const now = performance.now();
   const marks = slowMarks(ctx);
   for (const [id, until] of marks) if (until <= now) marks.delete(id);
