@@ -527,6 +527,10 @@ describe('webhook deliveries', () => {
     const failing = await t.request('POST', '/v1/webhooks', { key: other.adminKey, body: { url: slowish.url('/failing'), events: '*' } });
     made.push([other.adminKey, failing.body.webhook_id]);
     const ctx = t.service.ctx as AppContext;
+    // Work for every webhook before the run starts (committed: on PostgreSQL a stream reads only
+    // what every earlier transaction has ended by), then more for as long as it lasts.
+    await recordEvent(ctx.db, ctx.clock.nowMs(), { orgId: busy.orgId, type: 'policy.created', summary: 'busy', payload: {} });
+    await recordEvent(ctx.db, ctx.clock.nowMs(), { orgId: other.orgId, type: 'policy.created', summary: 'other', payload: {} });
     let running = true;
     const events = (async () => {
       for (let n = 0; running; n += 1) {
