@@ -312,6 +312,9 @@ describe('API keys', () => {
       assert.equal(response.status, 400, url);
       assert.equal(response.body.error.param, param, url);
     }
+    const repeated = await t.request('GET', '/v1/api-keys?limit=1&limit=2');
+    assert.deepEqual([repeated.status, repeated.body.error.param, repeated.body.error.message],
+      [400, 'limit', 'Invalid value for "limit": given more than once; give it once.']);
   });
 
   test('another organisation\'s key answers exactly like a missing one, and is left alone', async () => {

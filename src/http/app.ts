@@ -254,6 +254,10 @@ function failureText(first: ValidationFailure, all: readonly ValidationFailure[]
     const example = /^\d+(\.\d{1,6})?$/.test(String(first.data)) ? String(first.data) : '0.25';
     return `must be a string, such as "${example}" (amounts are decimal strings)`;
   }
+  // `?limit=1&limit=2` arrives as an array: the field is repeated, not of the wrong type.
+  if (first.keyword === 'type' && Array.isArray(first.data) && first.data.every((item) => typeof item === 'string')) {
+    return 'given more than once; give it once';
+  }
   return first.message ?? 'not allowed';
 }
 
