@@ -30,6 +30,11 @@ export function roleAllows(role: Role, permission: Permission): boolean {
   return PERMISSIONS[role].has(permission);
 }
 
+/** The roles that hold `permission`, for an error telling a refused key which would do. */
+export function rolesAllowed(permission: Permission): Role[] {
+  return ROLES.filter((role) => PERMISSIONS[role].has(permission));
+}
+
 const KEY_PREFIX = 'av_';
 const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz';
 

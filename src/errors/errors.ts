@@ -10,7 +10,7 @@ export const ERROR_CODES = {
   invalid_recipient: { status: 400, description: 'The recipient is neither a valid chain address nor a domain in the organisation\'s recipient directory.' },
   invalid_proof: { status: 400, description: 'The completion proof is malformed or does not verify.' },
   authentication_failed: { status: 401, description: 'The API key is missing, malformed, unknown or revoked.' },
-  session_token_expired: { status: 401, description: 'The vault\'s session token has expired: rotate it.' },
+  session_token_expired: { status: 401, description: 'The vault\'s session token has expired: an admin or operator rotates it (`POST /v1/wallets/{wallet_id}/rotate-token`).' },
   policy_violation: { status: 402, description: 'The payment breaks a rule of the vault\'s policy; `violation` names the rule, its limit and the attempted value. Nothing was submitted.' },
   insufficient_permissions: { status: 403, description: 'The API key\'s role does not allow this operation.' },
   session_token_invalid: { status: 403, description: 'The session token is missing or belongs to another vault.' },

@@ -5,7 +5,7 @@
 import { performance } from 'node:perf_hooks';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Database } from '../db/database.ts';
-import { digestsEqual, hashApiKey, looksLikeApiKey, roleAllows, type Permission, type Role } from '../auth/api-keys.ts';
+import { digestsEqual, hashApiKey, looksLikeApiKey, roleAllows, rolesAllowed, type Permission, type Role } from '../auth/api-keys.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { AppContext } from './context.ts';
 
@@ -102,7 +102,11 @@ export function authenticate(ctx: AppContext, count: CountRequest) {
     request.principal = { keyId: key.id, orgId: key.org_id, role: key.role };
     await count(request, reply);
     if (!roleAllows(key.role, permission)) {
-      throw new ServiceError('insufficient_permissions', `A key with role "${key.role}" cannot do this.`);
+      const allowed = rolesAllowed(permission).map((role) => `"${role}"`).join(', ');
+      // An agent reading the organisation's lists is most likely looking for its own vault.
+      const hint = key.role === 'agent' && permission === 'read'
+        ? ' An agent reads its own vault: GET /v1/wallets/{wallet_id} and /v1/wallets/{wallet_id}/transactions, with its Session-Token.' : '';
+      throw new ServiceError('insufficient_permissions', `A key with role "${key.role}" cannot do this; keys that can: ${allowed}.${hint}`);
     }
     const nowMs = ctx.clock.nowMs();
     if (!key.last_used_at || nowMs - key.last_used_at.getTime() > LAST_USED_RESOLUTION_MS) {

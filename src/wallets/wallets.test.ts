@@ -358,12 +358,16 @@ describe('wallets', () => {
     const revoked = await t.request('GET', url, { key: agentKey, headers: { 'session-token': token } });
     assert.equal(revoked.status, 403, 'rotation revokes the previous token at once');
     assert.equal((await t.request('GET', url, { key: agentKey, headers: { 'session-token': second.body.session_token } })).status, 200);
-    assert.equal((await t.request('GET', '/v1/wallets', { key: agentKey })).status, 403, 'agents cannot list');
+    const list = await t.request('GET', '/v1/wallets', { key: agentKey });
+    assert.deepEqual([list.status, list.body.error.message], [403, 'A key with role "agent" cannot do this; keys that can: '
+      + '"admin", "operator", "viewer", "arbiter". An agent reads its own vault: GET /v1/wallets/{wallet_id} and '
+      + '/v1/wallets/{wallet_id}/transactions, with its Session-Token.'], 'agents cannot list');
     const short = await t.request('POST', `${url}/rotate-token`, { body: { ttlSeconds: 60 } });
     await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 61 } });
     const expired = await t.request('GET', url, { key: agentKey, headers: { 'session-token': short.body.session_token } });
     assert.equal(expired.status, 401);
     assert.equal(expired.body.error.code, 'session_token_expired');
+    assert.match(expired.body.error.message, /an admin or operator makes a new one with POST \/v1\/wallets\/\{wallet_id\}\/rotate-token/);
     assert.equal((await t.request('POST', `${url}/rotate-token`, { body: { ttlSeconds: 5 } })).status, 400);
   });
 

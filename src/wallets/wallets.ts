@@ -286,7 +286,7 @@ export function sessionTokenInvalid(): ServiceError {
 /** `session_token_expired` when the vault's session authority has expired at `nowMs`, else null. */
 export function sessionExpiredError(wallet: Pick<WalletRow, 'session_expires_at'>, nowMs: number): ServiceError | null {
   if (wallet.session_expires_at && wallet.session_expires_at.getTime() > nowMs) return null;
-  return new ServiceError('session_token_expired', 'This wallet\'s session token has expired: rotate it.');
+  return new ServiceError('session_token_expired', 'This wallet\'s session token has expired: an admin or operator makes a new one with POST /v1/wallets/{wallet_id}/rotate-token.');
 }
 
 // ---------------------------------------------------------------------------------------------
