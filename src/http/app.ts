@@ -3,7 +3,8 @@
  * Conventions of DESIGN §2–3 live here once: request ids, the error shape, body limits,
  * unknown fields rejected, snake_case aliases, rate limits, the OpenAPI document.
  */
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import { STATUS_CODES, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
 import Fastify, {
   LogController,
   type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerDefault,
@@ -29,10 +30,24 @@ export interface BuildAppOptions {
   logger?: FastifyBaseLogger;
 }
 
+/** The most a client may take to send its request's headers, within the whole request's time. */
+const HEADERS_TIMEOUT_MS = 10_000;
+
 export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): Promise<App> {
+  const requestTimeoutMs = ctx.config.requestTimeoutSeconds * 1000;
   const app = Fastify({
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
     bodyLimit: BODY_LIMIT_BYTES,
+    // A client trickling its request (a byte every few seconds) would hold its connection, and a
+    // body's buffer, for as long as it liked: the whole request must arrive within the timeout
+    // (Node checks every connection at the interval, so a late one waits at most that long more).
+    requestTimeout: requestTimeoutMs,
+    http: {
+      headersTimeout: Math.min(HEADERS_TIMEOUT_MS, requestTimeoutMs),
+      connectionsCheckingInterval: Math.min(5_000, requestTimeoutMs),
+    },
+    // Refused by Node's parser or its timeouts, before Fastify has a request: the API's error shape.
+    clientErrorHandler: (error, socket) => answerClientError(ctx, error, socket),
     genReqId: () => newId('req', Date.now()),
     requestIdHeader: false,
     // Request lines (incoming, completed) are logged, labelled with the request's id.
@@ -61,6 +76,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       },
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
+  // Past it, Node closes each new connection as it arrives: the ones open keep working, and the
+  // process keeps the file descriptors its database and chain connections need.
+  app.server.maxConnections = ctx.config.maxConnections;
 
   // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused
   // as "must be object" instead of asking for the content type the API takes.
@@ -152,6 +170,31 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   return app;
 }
 
+/**
+ * A request Node's HTTP parser refused or timed out before Fastify saw it: headers too large
+ * (431), a request not received in full within the timeout (408), anything unparsable (400). The
+ * answer has the API's error shape and a request id; the connection is closed. Nothing is
+ * written when a response has already begun on the socket (a 401 sent before the body came).
+ */
+function answerClientError(ctx: AppContext, error: Error & { code?: string }, socket: Duplex): void {
+  if (error.code === 'ECONNRESET' || socket.destroyed) return;
+  const started = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent === true;
+  if (socket.writable && !started) {
+    const [status, param, message] = error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? [408, 'body', `The request was not received in full within ${ctx.config.requestTimeoutSeconds} s.`]
+      : error.code === 'HPE_HEADER_OVERFLOW'
+        ? [431, 'headers', 'The request\'s headers are larger than 16 KiB.']
+        : [400, 'request', 'The request is not valid HTTP.'];
+    const requestId = newId('req', Date.now());
+    const body = JSON.stringify({
+      error: { code: 'invalid_request', message, docs: docsLink(ctx, 'invalid_request'), request_id: requestId, param },
+    });
+    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json; charset=utf-8\r\n`
+      + `Content-Length: ${Buffer.byteLength(body)}\r\nRequest-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`);
+  }
+  socket.destroy(error);
+}
+
 function docsLink(ctx: AppContext, code: ErrorCode): string {
   return `${ctx.config.docsUrl}/errors#${code}`;
 }
@@ -165,6 +208,9 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
     request.log.warn({ err: error }, 'dependency unavailable');
   }
   if (service.replayed) reply.header('Idempotency-Replayed', 'true');
+  // Refused before its body was read (a bad key, a rate limit): the client may still be sending
+  // it, and a connection kept alive would have to take the rest first. Closed instead.
+  if (request.raw.complete === false) reply.header('Connection', 'close');
   // When to ask again: a refusal that knows says so (a 503 whose cause passes soon, a quota);
   // a rate limit always does (60 s when it does not know, unless the limiter said already).
   if (service.retryAfterS !== null) reply.header('Retry-After', String(service.retryAfterS));

@@ -1,0 +1,102 @@
+/**
+ * What the HTTP listener allows a client, through a real socket: the whole request within the
+ * request timeout (AGENT_VAULT_REQUEST_TIMEOUT_SECONDS), headers within 16 KiB, a refusal before
+ * the body closes the connection, and no more than AGENT_VAULT_MAX_CONNECTIONS at once. Each
+ * refusal Node's parser makes is answered in the API's error shape.
+ */
+import assert from 'node:assert/strict';
+import { connect, type AddressInfo, type Socket } from 'node:net';
+import { after, before, describe, test } from 'node:test';
+import { ADMIN_KEY, startTestService, type TestService } from '../../test/harness.ts';
+
+interface RawAnswer { status: number; headers: Record<string, string>; body: any; closed: boolean }
+
+/** Sends `text` on a new connection and reads until the server closes it. */
+function exchange(port: number, text: string): Promise<RawAnswer> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(port, '127.0.0.1', () => socket.write(text));
+    let received = '';
+    socket.setEncoding('utf8');
+    socket.on('data', (chunk: string) => { received += chunk; });
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const [head = '', body = ''] = received.split('\r\n\r\n');
+      const [statusLine = '', ...lines] = head.split('\r\n');
+      const headers = Object.fromEntries(lines.map((line) => {
+        const at = line.indexOf(':');
+        return [line.slice(0, at).toLowerCase(), line.slice(at + 1).trim()];
+      }));
+      resolve({ status: Number(statusLine.split(' ')[1]), headers, body: body ? JSON.parse(body) : null, closed: true });
+    });
+  });
+}
+
+const partialPost = (authorization: string): string => 'POST /v1/payments HTTP/1.1\r\nHost: localhost\r\n'
+  + `${authorization}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"walletId":`;
+
+describe('HTTP connections', () => {
+  let t: TestService;
+  let port: number;
+  before(async () => {
+    t = await startTestService({ workers: false, env: { AGENT_VAULT_REQUEST_TIMEOUT_SECONDS: '1' } });
+    await t.service.app.listen({ port: 0, host: '127.0.0.1' });
+    port = (t.service.app.server.address() as AddressInfo).port;
+  });
+  after(async () => { await t.close(); });
+
+  test('a body that stops coming is answered 408 in the API\'s shape, and the connection closed', async () => {
+    const answer = await exchange(port, partialPost(`Authorization: Bearer ${ADMIN_KEY}\r\n`));
+    assert.equal(answer.status, 408, JSON.stringify(answer));
+    assert.equal(answer.body.error.code, 'invalid_request');
+    assert.equal(answer.body.error.param, 'body');
+    assert.equal(answer.body.error.message, 'The request was not received in full within 1 s.');
+    assert.equal(answer.headers['request-id'], answer.body.error.request_id);
+    assert.equal(answer.headers.connection, 'close');
+  });
+
+  test('a request refused before its body (no key) is answered and its connection closed, the body never awaited', async () => {
+    const answer = await exchange(port, partialPost(''));
+    assert.equal(answer.status, 401, JSON.stringify(answer));
+    assert.equal(answer.body.error.code, 'authentication_failed');
+    assert.equal(answer.headers.connection, 'close', 'the server does not keep the connection to read the rest');
+  });
+
+  test('headers over 16 KiB are answered 431 in the API\'s shape', async () => {
+    const answer = await exchange(port, `GET /v1/wallets HTTP/1.1\r\nHost: localhost\r\nX-Big: ${'a'.repeat(17 * 1024)}\r\n\r\n`);
+    assert.equal(answer.status, 431, JSON.stringify(answer));
+    assert.deepEqual([answer.body.error.code, answer.body.error.param], ['invalid_request', 'headers']);
+    assert.equal(answer.headers['request-id'], answer.body.error.request_id);
+  });
+});
+
+describe('HTTP connections at the most allowed', () => {
+  const MAX = 3;
+  let t: TestService;
+  let port: number;
+  before(async () => {
+    t = await startTestService({ workers: false, env: { AGENT_VAULT_MAX_CONNECTIONS: String(MAX) } });
+    await t.service.app.listen({ port: 0, host: '127.0.0.1' });
+    port = (t.service.app.server.address() as AddressInfo).port;
+  });
+  after(async () => { await t.close(); });
+
+  const open = (): Promise<Socket> => new Promise((resolve, reject) => {
+    const socket = connect(port, '127.0.0.1', () => resolve(socket));
+    socket.on('error', reject);
+  });
+
+  test('a connection past the most is closed as it arrives; the open ones still work, and room made is taken', async () => {
+    const held = [await open(), await open(), await open()];
+    // Accepted by the kernel, then closed by the server without a byte.
+    const refused = await exchange(port, 'GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n');
+    assert.deepEqual([refused.closed, Number.isNaN(refused.status)], [true, true], JSON.stringify(refused));
+
+    held[0]!.destroy();
+    const server = t.service.app.server;
+    const count = (): Promise<number> => new Promise((resolve, reject) => server.getConnections((error, n) => (error ? reject(error) : resolve(n))));
+    while (await count() >= MAX) await new Promise((resolve) => setImmediate(resolve));
+    const answer = await exchange(port, `GET /v1/organization HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
+    assert.equal(answer.status, 200, JSON.stringify(answer));
+    for (const socket of held) socket.destroy();
+  });
+});
