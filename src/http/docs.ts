@@ -3,6 +3,8 @@
  * (`/openapi.json`), a browsable reference at `/docs`, and `/docs/errors` with every error code
  * (the `docs` link of every error points into it).
  */
+import { createHash } from 'node:crypto';
+import { gzipSync } from 'node:zlib';
 import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import { Type } from 'typebox';
@@ -71,7 +73,19 @@ export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
     },
   });
   await app.register(swaggerUi, { routePrefix: '/docs', staticCSP: true });
-  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  // The document is made once, on the first request (the routes are all registered by then), and
+  // kept with its gzip: no key is needed to read it, so each read must cost next to nothing.
+  let document: { json: string; gzip: Buffer; etag: string } | null = null;
+  app.get('/openapi.json', { schema: { hide: true } }, async (request, reply) => {
+    if (!document) {
+      const json = JSON.stringify(app.swagger());
+      document = { json, gzip: gzipSync(json), etag: `"${createHash('sha256').update(json).digest('base64url').slice(0, 27)}"` };
+    }
+    reply.type('application/json; charset=utf-8').header('ETag', document.etag).header('Vary', 'Accept-Encoding');
+    if (request.headers['if-none-match'] === document.etag) return reply.code(304).send();
+    if (/\bgzip\b/.test(String(request.headers['accept-encoding'] ?? ''))) return reply.header('Content-Encoding', 'gzip').send(document.gzip);
+    return reply.send(document.json);
+  });
   app.get('/docs/errors', { schema: { hide: true } }, async (_request, reply) => {
     const rows = Object.entries(ERROR_CODES).map(([code, { status, description }]) =>
       `<tr id="${code}"><td><a href="#${code}"><code>${code}</code></a></td><td>${status}</td><td>${escapeHtml(description)}</td></tr>`);

@@ -5,6 +5,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { gunzipSync } from 'node:zlib';
 import { after, before, describe, test } from 'node:test';
 import { generateKeyPairSigner, lamports } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
@@ -207,6 +208,16 @@ describe('HTTP foundation', () => {
     assert.ok(openapi.body.paths['/v1/transactions/exports/{export_id}/download'].get.responses['200'], 'a route without a response schema keeps its 200');
     assert.deepEqual(headerNames(openapi.body.paths['/v1/organization'].get), []);
     assert.ok(openapi.body.paths['/v1/organization'].get.responses['4XX'], 'every operation');
+    // Made once and kept: the same bytes each time, gzipped for a client that takes it, and a
+    // client holding them is told so by their ETag.
+    const etag = String(openapi.headers.etag);
+    assert.match(etag, /^"[\w-]{27}"$/);
+    const zipped = await t.service.app.inject({ method: 'GET', url: '/openapi.json', headers: { 'accept-encoding': 'br, gzip' } });
+    assert.equal(zipped.headers['content-encoding'], 'gzip');
+    assert.deepEqual(JSON.parse(gunzipSync(zipped.rawPayload).toString('utf8')), openapi.body);
+    assert.ok(zipped.rawPayload.length * 4 < Buffer.byteLength(JSON.stringify(openapi.body)), 'a quarter of the size or less');
+    const unchanged = await t.request('GET', '/openapi.json', { key: null, headers: { 'if-none-match': etag } });
+    assert.deepEqual([unchanged.status, unchanged.body], [304, '']);
     const docs = await t.request('GET', '/docs/', { key: null });
     assert.equal(docs.status, 200);
     const errors = await t.request('GET', '/docs/errors', { key: null });
