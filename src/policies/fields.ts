@@ -148,6 +148,34 @@ export function fieldsView(fields: PolicyFields): PolicyFieldsView {
 
 export type Changes = Record<string, { from: unknown; to: unknown }>;
 
+/** Entries of a list an event names as added, and as removed, at most (the audit log has them all). */
+export const EVENT_LIST_CHANGES_MAX = 50;
+
+/**
+ * A diff as a policy's events carry it: scalar fields from/to, as in the audit log; a list
+ * (`allowed_recipients`, `blocked_categories`: up to 1,000 entries each) by the entries added
+ * and removed, at most EVENT_LIST_CHANGES_MAX of each with their counts. Two whole lists would
+ * make an event of half a megabyte, sent to every webhook and read back by every feed page.
+ */
+export function eventChanges(changes: Changes): Record<string, unknown> {
+  const shown: Record<string, unknown> = {};
+  for (const [key, change] of Object.entries(changes)) {
+    if (!Array.isArray(change.to)) {
+      shown[key] = change;
+      continue;
+    }
+    const before = new Set(Array.isArray(change.from) ? change.from as unknown[] : []);
+    const after = new Set(change.to as unknown[]);
+    const added = [...after].filter((entry) => !before.has(entry));
+    const removed = [...before].filter((entry) => !after.has(entry));
+    shown[key] = {
+      added: added.slice(0, EVENT_LIST_CHANGES_MAX), removed: removed.slice(0, EVENT_LIST_CHANGES_MAX),
+      added_count: added.length, removed_count: removed.length,
+    };
+  }
+  return shown;
+}
+
 /** The fields whose API value differs, in a fixed order. A creation is a diff from nothing (`before` null). */
 export function diffFields(before: PolicyFields | null, after: PolicyFields): Changes {
   const from = before ? fieldsView(before) : null;

@@ -558,6 +558,17 @@ describe('policies: refusals and their effects', () => {
     assert.equal(seen.length, 11, 'the creation and ten changes, each once');
     assert.equal(new Set(seen).size, 11);
     assert.ok(pages >= 2, `${pages} pages`);
+
+    // The events name the entries added and removed, 50 of each at most, with their counts: a
+    // feed page or a webhook delivery of them stays small. The audit log has every entry.
+    const feed = await t.request('GET', '/v1/events?type=policy.created,policy.updated&limit=100');
+    const mine = feed.body.data.filter((event: any) => event.details.policy_id === created.body.policy_id);
+    assert.equal(mine.length, 11);
+    assert.ok(Buffer.byteLength(JSON.stringify(feed.body)) < 400_000, 'eleven events of a few KB');
+    const [last, first] = [mine[0].details.changes.allowed_recipients, mine.at(-1).details.changes.allowed_recipients];
+    assert.deepEqual([first.added.length, first.added_count, first.removed, first.removed_count], [50, 1_000, [], 0], 'the creation');
+    assert.deepEqual([last.added, last.added_count, last.removed, last.removed_count],
+      [domains(10).slice(0, 50), 1_000, domains(9).slice(0, 50), 1_000], 'the last change');
   });
 
   test('a page of policies stops early past 4 MiB of lists (1,000 domains weigh 260 KB a policy); the next page goes on', async () => {

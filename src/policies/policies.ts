@@ -23,7 +23,7 @@ import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
-import { diffFields, type Changes, type PolicyFields } from './fields.ts';
+import { diffFields, eventChanges, type Changes, type PolicyFields } from './fields.ts';
 import { chainLimitsOf, type PolicyRules } from './presets.ts';
 
 export interface PolicyRow {
@@ -302,7 +302,7 @@ async function insertPolicy(
   await recordEvent(tx, atMs, {
     orgId: actor.orgId, type: 'policy.created',
     summary: clonedFrom ? `Policy ${fields.name} created from ${clonedFrom}` : `Policy ${fields.name} created`,
-    payload: { policy_id: policyId, changes, changed_by: actor.keyId, revision: 1, ...(clonedFrom ? { cloned_from: clonedFrom } : {}) },
+    payload: { policy_id: policyId, changes: eventChanges(changes), changed_by: actor.keyId, revision: 1, ...(clonedFrom ? { cloned_from: clonedFrom } : {}) },
   });
   return { policyId, claimedUntil };
 }
@@ -373,7 +373,7 @@ export async function updatePolicy(
     await recordEvent(tx, atMs, {
       orgId: actor.orgId, type: 'policy.updated',
       summary: `Policy ${after.name} updated: ${Object.keys(changes).join(', ')}`,
-      payload: { policy_id: policyId, changes, changed_by: actor.keyId, revision },
+      payload: { policy_id: policyId, changes: eventChanges(changes), changed_by: actor.keyId, revision },
     });
     return claimed;
   });
