@@ -28,11 +28,13 @@ Commands:
          [--out <file>] [--force] [--url <service url>] [--key <API key>]
                                                export transactions through a running service's API and write the file
                                                (key: --key or AGENT_VAULT_API_KEY; url: default http://HOST:PORT)
-  help                                         this text
+  help, --help, -h                             this text
 
 keys and org work on the database directly; --org defaults to the default organisation. On PGlite
-(no DATABASE_URL) they need the service stopped: one process owns a data dir. With PostgreSQL
-they run beside it (org create also needs the chain: AGENT_VAULT_RPC_URL). See docs/operations.md.
+(no DATABASE_URL) they and migrate need the service stopped: one process owns a data dir. With
+PostgreSQL they run beside it (org create also needs the chain: AGENT_VAULT_RPC_URL). migrate, keys
+and org exit 0 on success, 2 on a refusal (bad arguments, the data dir in use, the database not
+answering). See docs/operations.md.
 
 Configuration comes from environment variables (see README.md).`;
 
@@ -55,7 +57,7 @@ const commands: Record<string, Command> = {
     return 0;
   },
 
-  async migrate(args) {
+  migrate: refusingOperational(async (args) => {
     parseArgs({ args, options: {}, strict: true });
     const config = loadConfig();
     const { openDatabase } = await import('./db/database.ts');
@@ -68,7 +70,7 @@ const commands: Record<string, Command> = {
       await db.close();
     }
     return 0;
-  },
+  }),
 
   async validator(args) {
     const { values } = parseArgs({
@@ -228,6 +230,24 @@ export function operatorCommand(run: Command): Command {
 }
 
 /**
+ * migrate is run by the same operators and scripts as keys and org, on the same database: what
+ * the operator can fix (the data dir in use, a database not answering) is a refusal with exit
+ * status 2, as there. Unlike there, a fault of ours (a migration failing) keeps its stack and
+ * exit status 1.
+ */
+function refusingOperational(run: Command): Command {
+  return async (args) => {
+    try {
+      return await run(args);
+    } catch (error) {
+      const operational = operationalMessage(error);
+      if (operational === null) throw error;
+      throw new UsageError(operational);
+    }
+  };
+}
+
+/**
  * Opens the database an operator command works on, with the service clock, and closes it after.
  * It must exist and be migrated already: an operator pointing at the wrong data dir or
  * database is told so, instead of getting an empty database created or altered.
@@ -256,8 +276,12 @@ async function withOperatorDatabase(
   }
 }
 
+/** What operators type by habit for the usage. */
+const HELP_FLAGS = new Set(['--help', '-h']);
+
 export async function main(argv: string[]): Promise<number> {
-  const [name = 'help', ...args] = argv;
+  const [given = 'help', ...args] = argv;
+  const name = HELP_FLAGS.has(given) ? 'help' : given;
   const command = commands[name];
   if (!command) {
     console.error(`unknown command "${name}"\n\n${USAGE}`);

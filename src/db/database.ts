@@ -239,8 +239,13 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
   if (!options.dataDir) return new PGliteDatabase(await PGlite.create(pgliteOptions), () => {});
   const dir = join(options.dataDir, 'pglite');
   mkdirSync(dir, { recursive: true, mode: 0o700 });
-  // PGlite allows one process per directory; a second one would corrupt it.
-  const release = acquireLock(dir, { file: 'agent-vault.lock', what: 'the PGlite database' });
+  // PGlite allows one process per directory; a second one would corrupt it. The refused one is
+  // most often an operator's `migrate`, `keys` or `org` beside the service (docs/api-keys.md).
+  const release = acquireLock(dir, {
+    file: 'agent-vault.lock',
+    what: 'the PGlite database',
+    remedy: 'stop the service first, or use PostgreSQL (DATABASE_URL), where the CLI runs beside the service',
+  });
   try {
     return new PGliteDatabase(await PGlite.create(dir, pgliteOptions), release);
   } catch (error) {

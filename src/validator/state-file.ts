@@ -31,8 +31,9 @@ const GROWTH_SLACK = 1.25;
 const META_BYTES_MAX = 64 * 1024;
 
 export class ValidatorLockedError extends Error {
-  constructor(readonly dataDir: string, readonly pid: number, what = 'validator state', elsewhere = false) {
-    super(`${what} at ${dataDir} is in use by pid ${pid}${elsewhere ? ' of another host or container (its lock is still being refreshed)' : ''}`);
+  constructor(readonly dataDir: string, readonly pid: number, what = 'validator state', elsewhere = false, remedy = '') {
+    super(`${what} at ${dataDir} is in use by pid ${pid}${elsewhere ? ' of another host or container (its lock is still being refreshed)' : ''}`
+      + (remedy ? `: ${remedy}` : ''));
     this.name = 'ValidatorLockedError';
   }
 }
@@ -113,8 +114,8 @@ function processIsAlive(pid: number): boolean {
 }
 
 /**
- * Takes the data directory's lock, or throws ValidatorLockedError naming the owner. A lock left
- * by a dead process is taken over. Returns the function that releases it.
+ * Takes the data directory's lock, or throws ValidatorLockedError naming the owner (and the
+ * `remedy`, what the one refused can do about it). A lock left by a dead process is taken over. Returns the function that releases it.
  *
  * The same process opening the directory twice is refused too: two LiteSVM instances would
  * overwrite each other's snapshot. The lock names its holder's pid and pid namespace, and the
@@ -122,7 +123,7 @@ function processIsAlive(pid: number): boolean {
  * or host on a shared volume) is held while it is touched, and stale once it has not been for
  * LOCK_STALE_MS (a container restarted after a crash waits that long for its own old lock).
  */
-export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validator state' } = {}): () => void {
+export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validator state', remedy = '' } = {}): () => void {
   const path = join(dataDir, file);
   for (let attempt = 0; attempt < 3; attempt++) {
     let fd: number;
@@ -149,7 +150,7 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
       // since, it is this process's own (another thread's: the validator's, say).
       const held = elsewhere ? heldElsewhere(path)
         : owner === process.pid ? writtenByThisProcess(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
-      if (held) throw new ValidatorLockedError(dataDir, owner, what, elsewhere);
+      if (held) throw new ValidatorLockedError(dataDir, owner, what, elsewhere, remedy);
       try {
         unlinkSync(path);
       } catch (unlinkError) {

@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createServer, type AddressInfo } from 'node:net';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -119,7 +119,7 @@ describe('agent-vault operator commands', () => {
   test('bad arguments and a missing database: exit 2 with one clear line on stderr, nothing created', async () => {
     // None of these opens a database, so they run side by side.
     const emptyEnv = cliEnv(emptyDir, null);
-    const [noRole, noId, twoIds, unknownOption, noName, unknownSub, noDatabase, unknownCommand] = await Promise.all([
+    const [noRole, noId, twoIds, unknownOption, noName, unknownSub, noDatabase, unknownCommand, help, dashHelp, h] = await Promise.all([
       runCli(['keys', 'create'], env),
       runCli(['keys', 'revoke'], env),
       runCli(['keys', 'revoke', 'key_a', 'key_b'], env),
@@ -128,6 +128,9 @@ describe('agent-vault operator commands', () => {
       runCli(['keys', 'rotate'], env),
       runCli(['keys', 'list'], emptyEnv),
       runCli(['frobnicate'], env),
+      runCli(['help'], env),
+      runCli(['--help'], env),
+      runCli(['-h'], env),
     ]);
     assertRefused(noRole!, 'keys create', /expected: agent-vault keys create --role <role>/);
     assertRefused(noId!, 'keys revoke', /expected: agent-vault keys revoke <api_key_id>/);
@@ -142,9 +145,13 @@ describe('agent-vault operator commands', () => {
     assert.equal(unknownCommand!.stdout, '');
     assert.match(unknownCommand!.stderr, /^unknown command "frobnicate"/);
     assert.match(unknownCommand!.stderr, /keys create --role <role>/, 'the usage follows');
+    // --help and -h are what operators type by habit: the usage, as `help` prints it, exit 0.
+    assert.equal(help!.code, 0, help!.stderr);
+    assert.match(help!.stdout, /^Usage: agent-vault <command>/);
+    for (const outcome of [dashHelp!, h!]) assert.deepEqual(outcome, { ...help!, ms: outcome.ms });
   });
 
-  test('a database that does not answer, a port already taken: exit 1 with one line saying so, no stack', async () => {
+  test('a port already taken: exit 1 with one line saying so, no stack; a database that does not answer: migrate refuses, exit 2', async () => {
     const taken = createServer();
     await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
     try {
@@ -153,12 +160,11 @@ describe('agent-vault operator commands', () => {
         runCli(['migrate'], { ...env, DATABASE_URL: 'postgres://postgres@127.0.0.1:1/nothing' }),
         runCli(['validator', '--port', port], cliEnv(mkdtempSync(join(tmpdir(), 'av-cli-port-')), null)),
       ]);
-      for (const [outcome, command, message] of [[unreachable, 'migrate', /ECONNREFUSED/], [busy, 'validator', /EADDRINUSE/]] as const) {
-        assert.equal(outcome.code, 1, JSON.stringify(outcome));
-        assert.match(outcome.stderr, new RegExp(`^agent-vault ${command}: .*\\n$`), JSON.stringify(outcome));
-        assert.match(outcome.stderr, message);
-        assert.doesNotMatch(outcome.stderr, /\n\s+at /, 'no stack');
-      }
+      assert.equal(busy.code, 1, JSON.stringify(busy));
+      assert.match(busy.stderr, /^agent-vault validator: .*EADDRINUSE.*\n$/, JSON.stringify(busy));
+      assert.doesNotMatch(busy.stderr, /\n\s+at /, 'no stack');
+      // migrate is an operator command beside keys and org: the same refusal, the same status.
+      assertRefused(unreachable, 'migrate', /ECONNREFUSED/);
     } finally {
       await new Promise((resolve) => taken.close(resolve));
     }
@@ -171,6 +177,27 @@ describe('agent-vault operator commands', () => {
     const again = await cli('migrate');
     assert.equal(again.code, 0, again.stderr);
     assert.equal(again.stdout, 'database is up to date\n');
+  });
+
+  // Guarantee: with PGlite, a command meeting the service's data dir is refused alike whichever
+  // it is (exit 2, as operators' scripts test), and says what to do, as docs/api-keys.md does.
+  test('a PGlite data dir in use: migrate, keys list and org list refuse alike, exit 2, saying what to do', async (t) => {
+    if (database.url) {
+      t.skip('PostgreSQL: the CLI runs beside the service');
+      return;
+    }
+    // A live process (this one) holding the data dir, as a running service does.
+    const lock = join(dataDir, 'pglite', 'agent-vault.lock');
+    writeFileSync(lock, `${process.pid}\n`);
+    try {
+      const [migrate, keys, orgs] = await Promise.all([cli('migrate'), cli('keys', 'list'), cli('org', 'list')]);
+      for (const [outcome, command] of [[migrate, 'migrate'], [keys, 'keys list'], [orgs, 'org list']] as const) {
+        assertRefused(outcome, command, new RegExp(`the PGlite database at \\S+ is in use by pid ${process.pid}: `
+          + 'stop the service first, or use PostgreSQL \\(DATABASE_URL\\)'));
+      }
+    } finally {
+      rmSync(lock);
+    }
   });
 
   test('org create and keys create/list/revoke: printed keys work with their roles, the revoked one fails', async (t) => {
