@@ -88,7 +88,7 @@ export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
   });
   app.get('/docs/errors', { schema: { hide: true } }, async (_request, reply) => {
     const rows = Object.entries(ERROR_CODES).map(([code, { status, description }]) =>
-      `<tr id="${code}"><td><a href="#${code}"><code>${code}</code></a></td><td>${status}</td><td>${escapeHtml(description)}</td></tr>`);
+      `<tr id="${code}"><td><a href="#${code}"><code>${code}</code></a></td><td>${status}</td><td>${descriptionHtml(description)}</td></tr>`);
     return reply.type('text/html; charset=utf-8').send(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Agent Vault — errors</title>
 <style>body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}
@@ -102,6 +102,15 @@ Validation errors add <code>param</code>; policy violations add <code>violation<
 ${rows.join('\n')}
 </tbody></table></body></html>`);
   });
+}
+
+/**
+ * A description of ERROR_CODES as HTML: its `backticked` spans (field names, headers, routes)
+ * as <code>. Escaped first, so that the only markup is ours; a backtick is not escaped, so the
+ * spans are found as written.
+ */
+function descriptionHtml(description: string): string {
+  return escapeHtml(description).replace(/`([^`]+)`/g, '<code>$1</code>');
 }
 
 function escapeHtml(text: string): string {

@@ -225,6 +225,13 @@ describe('HTTP foundation', () => {
     for (const code of ['invalid_request', 'policy_violation', 'rate_limited', 'internal_error']) {
       assert.ok(String(errors.body).includes(`id="${code}"`), code);
     }
+    // The descriptions are written with Markdown's `code`: a reader sees code, not backticks.
+    const page = String(errors.body);
+    assert.ok(page.includes('(named in <code>param</code>).'), 'invalid_request names its field as code');
+    assert.ok(page.includes('<code>POST /v1/wallets/{wallet_id}/rotate-token</code>'), 'session_token_expired');
+    assert.ok(page.includes('<code>Retry-After</code>'), 'rate_limited');
+    assert.ok(!page.includes('`'), 'no backtick is left');
+    assert.ok(!page.includes('&lt;code'), 'the markup is not escaped as text');
   });
 });
 
