@@ -4,6 +4,7 @@
  * read the delivery log.
  */
 import { Type } from 'typebox';
+import { invalidRequest } from '../errors/errors.ts';
 import { EVENT_TYPES } from '../events/events.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
@@ -125,11 +126,17 @@ export function webhookRoutes(app: App, ctx: AppContext): void {
         ...PageQuery,
         status: Type.Optional(DeliveryStatusSchema),
         eventId: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'only the delivery of this event' })),
+        // SPEC's spelling, as the lists' `wallet_id` (walletIdQuery).
+        event_id: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'alias of eventId' })),
       }, { additionalProperties: false }),
       response: { 200: pageOf(DeliveryView) },
     },
   }, async (request) => {
-    const { limit, cursor, status, eventId } = request.query;
+    const { limit, cursor, status } = request.query;
+    if (request.query.eventId !== undefined && request.query.event_id !== undefined) {
+      throw invalidRequest('event_id', 'Give eventId or event_id, not both.');
+    }
+    const eventId = request.query.eventId ?? request.query.event_id;
     return listDeliveries(ctx.db, principalOf(request).orgId, request.params.webhook_id, parsePageRequest({ limit, cursor }), {
       ...(status === undefined ? {} : { status }),
       ...(eventId === undefined ? {} : { eventId }),

@@ -157,6 +157,14 @@ describe('webhooks API', () => {
       assert.deepEqual(onlyFailed.body.data.map((d: { delivery_id: string }) => d.delivery_id), [failed.body.delivery_id]);
       const byEvent = await t.request('GET', `/v1/webhooks/${id}/deliveries?eventId=${ping.body.event_id}`);
       assert.deepEqual(byEvent.body.data.map((d: { delivery_id: string }) => d.delivery_id), [ping.body.delivery_id]);
+      // event_id, the field's name in the views and SPEC's spelling, filters alike, as wallet_id does on the lists.
+      const bySnakeCase = await t.request('GET', `/v1/webhooks/${id}/deliveries?event_id=${ping.body.event_id}`);
+      assert.equal(bySnakeCase.status, 200, JSON.stringify(bySnakeCase.body));
+      assert.deepEqual(bySnakeCase.body.data.map((d: { delivery_id: string }) => d.delivery_id), [ping.body.delivery_id]);
+      const both = await t.request('GET', `/v1/webhooks/${id}/deliveries?eventId=${ping.body.event_id}&event_id=${ping.body.event_id}`);
+      assert.equal(both.status, 400);
+      assert.equal(both.body.error.code, 'invalid_request');
+      assert.equal(both.body.error.param, 'event_id');
       // A failed ping never degrades the webhook.
       assert.equal((await t.request('GET', `/v1/webhooks/${id}`)).body.status, 'active');
     } finally {
