@@ -683,6 +683,19 @@ describe('transaction exports over time and through failures', () => {
     assert.equal(response.body.error.code, 'export_not_found');
   });
 
+  // A client looking for its exports as it would for any other resource is told how they are
+  // read, not that no transaction is called "exports".
+  test('GET /v1/transactions/exports (no id) answers 404 saying exports are created, then read by id', async () => {
+    for (const path of ['/v1/transactions/exports', '/v1/transactions/export']) {
+      const response = await t.request('GET', path);
+      assert.equal(response.status, 404, path);
+      assert.equal(response.body.error.code, 'not_found', path);
+      assert.equal(response.body.error.param, 'tx_id', path);
+      assert.match(response.body.error.message,
+        /create one with POST \/v1\/transactions\/export, then read it by its id at GET \/v1\/transactions\/exports\/\{export_id\}/, path);
+    }
+  });
+
   test(`requests side by side never go over ${PROCESSING_PER_ORG_MAX} processing exports`, async () => {
     const org = await t.createOrganization('Eager exporter');
     const answers = await Promise.all(Array.from({ length: 8 }, () =>

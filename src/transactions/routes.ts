@@ -23,6 +23,18 @@ const TIME_MAX_CHARS = 40;
 /** How many times a `status=pending` page is selected while its rows keep settling. */
 const PENDING_SELECT_ROUNDS = 4;
 
+/**
+ * `GET /v1/transactions/exports` (and `…/export`, the path of the POST) reach the route of one
+ * transaction: exports are not listed, and a client trying to list them is told how they are
+ * read rather than that no transaction has that id.
+ */
+const EXPORTS_SEGMENTS = new Set(['exports', 'export']);
+
+function exportsAreReadById(): ServiceError {
+  return new ServiceError('not_found', 'Exports are not listed: create one with POST /v1/transactions/export, then read it by '
+    + 'its id at GET /v1/transactions/exports/{export_id} (docs/exports.md).', { param: 'tx_id' });
+}
+
 /** The filters both lists take (SPEC: status, from, to, type, limit, cursor). */
 const WalletListFields = {
   ...PageQuery,
@@ -128,6 +140,7 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const { orgId } = principalOf(request);
+    if (EXPORTS_SEGMENTS.has(request.params.tx_id)) throw exportsAreReadById();
     const [row] = await settleKnownOutcomes(ctx, [await getTransaction(ctx.db, orgId, request.params.tx_id)]);
     return transactionView(row!, ctx);
   });
