@@ -80,6 +80,8 @@ describe('outbound name resolution', () => {
     assert.deepEqual([unknown.reason, unknown.message.replace('unknown.example', 'NAME')], [internal.reason, internal.message.replace('hooks.example', 'NAME')],
       'which internal names exist cannot be told from the failure');
     assert.match(internal.message, /^hooks\.example does not resolve to a public address/);
+    // The hint a localhost name or a literal address gets would set a name that resolves apart.
+    assert.doesNotMatch(internal.message, /AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS/);
   });
 
   test('an IPv4 answer does not wait for an IPv6 query that never comes back', async () => {

@@ -267,6 +267,17 @@ describe('fetchGuarded against a local server', () => {
     assert.equal(JSON.parse(response.body.toString('utf8')).host, `localhost:${port}`);
   });
 
+  // The developer who meets a refusal of a local target is often the one running the service:
+  // told at call time, as at creation, how a local development service allows it. Only for a
+  // target private by its text: a name DNS answers for never gets it (src/net/lookups.test.ts).
+  test('refused at call time, a literal address or a localhost name says how a local development service allows it', async () => {
+    for (const url of [`${base}/echo`, `http://localhost:${port}/echo`, `http://api.localhost:${port}/echo`, `http://[::1]:${port}/echo`]) {
+      const error = await fetchGuarded(url, { ...allowed, allowPrivate: false }).then(() => null, (e: unknown) => e);
+      assert.ok(error instanceof OutboundError && error.reason === 'refused_address', `${url}: ${String(error)}`);
+      assert.match(error.message, /\(a service run for local development can allow them: AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on\)$/, url);
+    }
+  });
+
   test('a redirect is returned as is, never followed', async () => {
     const before = seen.length;
     const response = await fetchGuarded(`${base}/redirect`, allowed);

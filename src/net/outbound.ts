@@ -163,14 +163,30 @@ export function assertPublicUrl(url: string, options: { allowPrivate: boolean; p
   if (options.allowPrivate) return parsed;
   // Every trailing dot: `localhost..` is localhost too.
   const host = hostOf(parsed).toLowerCase().replace(/\.+$/, '');
-  // The service's operator can allow such targets for local development: said in the refusal, as
-  // the developer who meets it first is often also the one running the service.
-  const allowing = ' (a service run for local development can allow them: AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on)';
-  if (host === 'localhost' || host.endsWith('.localhost')) refuse(`must not point at localhost${allowing}`);
+  if (isLocalhostName(host)) refuse(`must not point at localhost${allowPrivateHint(host)}`);
   if (isIP(host) && !isPublicAddress(host)) {
-    refuse(`must point at a public address: loopback, private, link-local, CGNAT and reserved addresses are refused${allowing}`);
+    refuse(`must point at a public address: loopback, private, link-local, CGNAT and reserved addresses are refused${allowPrivateHint(host)}`);
   }
   return parsed;
+}
+
+/** `localhost` and its subdomains: loopback by name (RFC 6761), never asked of DNS. */
+function isLocalhostName(host: string): boolean {
+  const name = host.toLowerCase();
+  return name === 'localhost' || name.endsWith('.localhost');
+}
+
+/**
+ * What a refusal of a private target ends with, at creation and at call time: the service's
+ * operator can allow such targets for local development, said because the developer who meets
+ * the refusal first is often also the one running the service. Only where the URL's own text
+ * shows the target private (a localhost name, a literal address); empty for a name DNS answers
+ * for, whose refusal must read the same whether it resolved to a private address or to nothing,
+ * and must not tell which.
+ */
+function allowPrivateHint(host: string): string {
+  return isLocalhostName(host) || isIP(host) !== 0
+    ? ' (a service run for local development can allow them: AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on)' : '';
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +238,7 @@ const LOOPBACK: readonly LookupAddress[] = [{ address: '127.0.0.1', family: 4 },
  */
 async function resolveAll(host: string, timeoutMs: number): Promise<LookupAddress[]> {
   const name = host.toLowerCase();
-  if (name === 'localhost' || name.endsWith('.localhost')) return [...LOOPBACK];
+  if (isLocalhostName(name)) return [...LOOPBACK];
   const resolver = new Resolver({ timeout: Math.max(1, Math.ceil(timeoutMs)), tries: 1 });
   let timer: NodeJS.Timeout | undefined;
   const deadline = new Promise<never>((_resolve, reject) => {
@@ -322,7 +338,8 @@ export async function resolveGuarded(url: string, options: { timeoutMs: number; 
   // telling them apart would let a tenant map which internal names exist (a webhook's delivery
   // log shows the message).
   const notPublic = () => new OutboundError('refused_address',
-    `${host} does not resolve to a public address (a loopback, private, link-local, CGNAT or reserved address, or none, is not called)`);
+    `${host} does not resolve to a public address (a loopback, private, link-local, CGNAT or reserved address, or none, is not called)`
+    + allowPrivateHint(host));
   let addresses: LookupAddress[];
   if (literalFamily) {
     addresses = [{ address: host, family: literalFamily }];
@@ -336,7 +353,8 @@ export async function resolveGuarded(url: string, options: { timeoutMs: number; 
   }
   if (!options.allowPrivate && !addresses.every((entry) => isPublicAddress(entry.address))) {
     throw literalFamily
-      ? new OutboundError('refused_address', `${host} is a loopback, private, link-local, CGNAT or reserved address, which this service does not call`)
+      ? new OutboundError('refused_address',
+        `${host} is a loopback, private, link-local, CGNAT or reserved address, which this service does not call${allowPrivateHint(host)}`)
       : notPublic();
   }
   const key = `${target.origin} ${addresses.length === 1 ? addresses[0]!.address : addresses.map((entry) => entry.address).sort().join(',')}`;

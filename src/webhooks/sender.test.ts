@@ -72,7 +72,8 @@ test('the sender keeps at most `concurrency` attempts in flight and applies the 
     const guarded = await sender.send([request(10)], { allowPrivate: false, concurrency: 1 });
     assert.equal(guarded[0]!.result.succeeded, false, 'a private address is refused when private addresses are not allowed');
     assert.equal(guarded[0]!.result.error,
-      '127.0.0.1 is a loopback, private, link-local, CGNAT or reserved address, which this service does not call.', 'with the guard\'s reason');
+      '127.0.0.1 is a loopback, private, link-local, CGNAT or reserved address, which this service does not call'
+      + ' (a service run for local development can allow them: AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on).', 'with the guard\'s reason');
     assert.equal(receiver.received.length, 9, 'the refused attempt never reached the receiver');
   } finally {
     await sender.close();
@@ -86,7 +87,8 @@ test('a batch to a name that resolves to a refused address fails every attempt w
     const byName = (n: number): AttemptRequest => ({ ...request(n), url: receiver.url(`/hook/${n}`).replace('127.0.0.1', 'localhost') });
     const sent = await sender.send([byName(1), byName(2), byName(3)], { allowPrivate: false, concurrency: 2 });
     assert.deepEqual(sent.map((s) => s.result.error), Array(3).fill(
-      'localhost does not resolve to a public address (a loopback, private, link-local, CGNAT or reserved address, or none, is not called).'),
+      'localhost does not resolve to a public address (a loopback, private, link-local, CGNAT or reserved address, or none, is not called)'
+      + ' (a service run for local development can allow them: AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS=on).'),
     'each attempt fails with the guard\'s reason');
     assert.equal(receiver.received.length, 0, 'nothing reached the receiver');
     const allowed = await sender.send([byName(4), byName(5)], { allowPrivate: true, concurrency: 2 });
