@@ -15,6 +15,7 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate, principalOf } from './auth.ts';
+import { duplicateKeyPath } from './duplicate-keys.ts';
 import { ERROR_CODE_KEYWORD } from './fields.ts';
 import type { AppContext } from './context.ts';
 import { registerDocs } from './docs.ts';
@@ -83,6 +84,28 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused
   // as "must be object" instead of asking for the content type the API takes.
   app.removeContentTypeParser('text/plain');
+  // Fastify's JSON parser (a `__proto__` key refused), then a key given twice refused too: a
+  // proxy or a signature check in front may read the first value where JSON.parse keeps the last.
+  const parseJson = app.getDefaultJsonParser('error', 'error');
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, text, done) => {
+    parseJson(request, text as string, (error, body) => {
+      if (error) {
+        // Valid JSON that Fastify's parser refused: a `__proto__` key, or `constructor.prototype`.
+        done(parsesAsJson(text as string)
+          ? invalidRequest('body', 'The body has a "__proto__" or "constructor.prototype" key, which is not allowed.')
+          : error, undefined);
+        return;
+      }
+      const twice = duplicateKeyPath(text as string);
+      if (twice) {
+        const param = twice.map(toSnakeCase).join('.');
+        done(invalidRequest(param, `"${param}" is given twice.`), undefined);
+        return;
+      }
+      done(null, body);
+    });
+  });
   app.decorateRequest('principal', null);
   let closing = false;
   app.addHook('preClose', async () => { closing = true; });
@@ -230,6 +253,15 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
 function takesIdempotencyKey(body: unknown): boolean {
   return typeof body === 'object' && body !== null
     && Object.hasOwn((body as { properties?: object }).properties ?? {}, 'idempotencyKey');
+}
+
+function parsesAsJson(text: string): boolean {
+  try {
+    JSON.parse(text);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Every failure becomes one code of the closed list; nothing internal reaches the client. */

@@ -458,6 +458,22 @@ describe('request conventions', () => {
     assert.deepEqual([method.status, method.body.error.param, method.body.error.message], [400, 'to_string', 'Unknown field "toString".']);
   });
 
+  test('a body with a key twice, or a __proto__ key, is refused by name; bad JSON is said to be bad JSON', async () => {
+    // This suite's limit is 5 requests a minute per key.
+    const key = await t.createKey('admin');
+    const send = async (body: string) => {
+      const response = await t.request('POST', '/v1/payments', { key, body });
+      return [response.status, response.body.error?.code, response.body.error?.param, response.body.error?.message];
+    };
+    assert.deepEqual(await send('{"walletId":"wal_x","to":"x","amount":"1","amount":"1000","currency":"USDC"}'),
+      [400, 'invalid_request', 'amount', '"amount" is given twice.']);
+    assert.deepEqual(await send('{"a":[{"walletId":"w"},{"walletId":"w","\\u0077alletId":"v"}]}'),
+      [400, 'invalid_request', 'a.1.wallet_id', '"a.1.wallet_id" is given twice.']);
+    assert.deepEqual(await send('{"walletId":"wal_x","__proto__":{"admin":true}}'),
+      [400, 'invalid_request', 'body', 'The body has a "__proto__" or "constructor.prototype" key, which is not allowed.']);
+    assert.deepEqual(await send('{"walletId":'), [400, 'invalid_request', 'body', 'The body is not valid JSON.']);
+  });
+
   test('a DELETE takes no field: one sent is refused and nothing is deleted', async () => {
     // This suite's limit is 5 requests a minute per key.
     const key = await t.createKey('admin');
