@@ -315,6 +315,9 @@ describe('API keys', () => {
     const repeated = await t.request('GET', '/v1/api-keys?limit=1&limit=2');
     assert.deepEqual([repeated.status, repeated.body.error.param, repeated.body.error.message],
       [400, 'limit', 'Invalid value for "limit": given more than once; give it once.']);
+    const listed = await t.request('POST', '/v1/api-keys', { body: { name: ['a', 'b'], role: 'viewer' } });
+    assert.deepEqual([listed.status, listed.body.error.param, listed.body.error.message],
+      [400, 'name', 'Invalid value for "name": must be string.'], 'an array in a body is of the wrong type, not repeated');
   });
 
   test('another organisation\'s key answers exactly like a missing one, and is left alone', async () => {

@@ -33,6 +33,8 @@ export interface BuildAppOptions {
 
 /** The most a client may take to send its request's headers, within the whole request's time. */
 const HEADERS_TIMEOUT_MS = 10_000;
+/** A connection silent both ways this long is closed (see connectionTimeout below). */
+const CONNECTION_IDLE_MS = 120_000;
 
 export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): Promise<App> {
   const requestTimeoutMs = ctx.config.requestTimeoutSeconds * 1000;
@@ -43,6 +45,10 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     // body's buffer, for as long as it liked: the whole request must arrive within the timeout
     // (Node checks every connection at the interval, so a late one waits at most that long more).
     requestTimeout: requestTimeoutMs,
+    // A connection with no traffic either way for this long is closed: a client that stops
+    // reading its answer (the socket's buffers full) would otherwise hold it, and a place under
+    // maxConnections, for ever. Longer than any answer takes to make (a payment waits 20 s).
+    connectionTimeout: CONNECTION_IDLE_MS,
     http: {
       headersTimeout: Math.min(HEADERS_TIMEOUT_MS, requestTimeoutMs),
       connectionsCheckingInterval: Math.min(5_000, requestTimeoutMs),
@@ -195,16 +201,27 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
 
 /**
  * A request Node's HTTP parser refused or timed out before Fastify saw it: headers too large
- * (431), a request not received in full within the timeout (408), anything unparsable (400). The
- * answer has the API's error shape and a request id; the connection is closed. Nothing is
- * written when a response has already begun on the socket (a 401 sent before the body came).
+ * (431), a request not received in full in time (408), anything unparsable (400). The answer has
+ * the API's error shape and a request id, and the connection is closed after it. Nothing is
+ * written to a connection that never sent a byte (an idle one is just closed), nor while the
+ * answer to an earlier request on it is still to come (a pipelined request, or a body still
+ * arriving after its refusal went out): that answer is let finish, then the connection closes —
+ * a 408 there would read as the earlier request's answer, though it ran.
  */
 function answerClientError(ctx: AppContext, error: Error & { code?: string }, socket: Duplex): void {
   if (error.code === 'ECONNRESET' || socket.destroyed) return;
-  const started = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent === true;
-  if (socket.writable && !started) {
+  // The answer the socket owes next, and the request it answers: a request received in full is
+  // an earlier one than the request that timed out (one whose body is still arriving is that one).
+  const pending = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage;
+  if (pending && !pending.writableFinished && pending.req.complete) {
+    pending.shouldKeepAlive = false;
+    pending.once('close', () => socket.destroy());
+    return;
+  }
+  if (socket.writable && pending?.headersSent !== true && (socket as Duplex & { bytesRead?: number }).bytesRead !== 0) {
     const [status, param, message] = error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
-      ? [408, 'body', `The request was not received in full within ${ctx.config.requestTimeoutSeconds} s.`]
+      ? [408, 'request', `The request was not received in full in time (its headers within ${Math.min(HEADERS_TIMEOUT_MS / 1000, ctx.config.requestTimeoutSeconds)} s, `
+        + `all of it within ${ctx.config.requestTimeoutSeconds} s).`]
       : error.code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'headers', 'The request\'s headers are larger than 16 KiB.']
         : [400, 'request', 'The request is not valid HTTP.'];
@@ -233,7 +250,9 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
   if (service.replayed) reply.header('Idempotency-Replayed', 'true');
   // Refused before its body was read (a bad key, a rate limit): the client may still be sending
   // it, and a connection kept alive would have to take the rest first. Closed instead.
-  if (request.raw.complete === false) reply.header('Connection', 'close');
+  const { headers } = request.raw;
+  const hasBody = headers['transfer-encoding'] !== undefined || Number(headers['content-length'] ?? 0) > 0;
+  if (hasBody && request.raw.complete === false) reply.header('Connection', 'close');
   // When to ask again: a refusal that knows says so (a 503 whose cause passes soon, a quota);
   // a rate limit always does (60 s when it does not know, unless the limiter said already).
   if (service.retryAfterS !== null) reply.header('Retry-After', String(service.retryAfterS));
@@ -279,7 +298,7 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
     const message = extra ? `Unknown field "${param}".`
       : missing ? `Missing required field "${param}".`
         : first.keyword === 'minProperties' && !path ? 'The body has no field: send at least one field to change.'
-        : `Invalid value for "${param}": ${failureText(first, fastifyError.validation)}.`;
+        : `Invalid value for "${param}": ${failureText(first, fastifyError.validation, fastifyError.validationContext)}.`;
     const code = first.parentSchema?.[ERROR_CODE_KEYWORD] as ErrorCode | undefined;
     return new ServiceError(code ?? 'invalid_request', message, { param: toSnakeCase(param) });
   }
@@ -319,7 +338,7 @@ interface ValidationFailure {
  * (a union of constants: one error per constant, at the same place) names the values taken; a
  * JSON number where an amount is expected (amounts are decimal strings) shows how to send it.
  */
-function failureText(first: ValidationFailure, all: readonly ValidationFailure[]): string {
+function failureText(first: ValidationFailure, all: readonly ValidationFailure[], context: string | undefined): string {
   const allowed = all.filter((failure) => failure.instancePath === first.instancePath && failure.keyword === 'const')
     .map((failure) => failure.params.allowedValue);
   if (first.keyword === 'const' && allowed.length > 1) return `must be one of ${allowed.map((value) => JSON.stringify(value)).join(', ')}`;
@@ -333,7 +352,7 @@ function failureText(first: ValidationFailure, all: readonly ValidationFailure[]
     return `must be a string, such as "${example}" (amounts are decimal strings)`;
   }
   // `?limit=1&limit=2` arrives as an array: the field is repeated, not of the wrong type.
-  if (first.keyword === 'type' && Array.isArray(first.data) && first.data.every((item) => typeof item === 'string')) {
+  if (context === 'querystring' && first.keyword === 'type' && Array.isArray(first.data) && first.data.length > 1) {
     return 'given more than once; give it once';
   }
   return first.message ?? 'not allowed';

@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { connect, type AddressInfo, type Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { ADMIN_KEY, startTestService, type TestService } from '../../test/harness.ts';
+import { startReceiver } from '../webhooks/testing.ts';
 
 interface RawAnswer { status: number; headers: Record<string, string>; body: any; closed: boolean }
 
@@ -38,7 +39,7 @@ describe('HTTP connections', () => {
   let t: TestService;
   let port: number;
   before(async () => {
-    t = await startTestService({ workers: false, env: { AGENT_VAULT_REQUEST_TIMEOUT_SECONDS: '1' } });
+    t = await startTestService({ workers: false, env: { AGENT_VAULT_REQUEST_TIMEOUT_SECONDS: '1', AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS: 'on' } });
     await t.service.app.listen({ port: 0, host: '127.0.0.1' });
     port = (t.service.app.server.address() as AddressInfo).port;
   });
@@ -48,8 +49,8 @@ describe('HTTP connections', () => {
     const answer = await exchange(port, partialPost(`Authorization: Bearer ${ADMIN_KEY}\r\n`));
     assert.equal(answer.status, 408, JSON.stringify(answer));
     assert.equal(answer.body.error.code, 'invalid_request');
-    assert.equal(answer.body.error.param, 'body');
-    assert.equal(answer.body.error.message, 'The request was not received in full within 1 s.');
+    assert.equal(answer.body.error.param, 'request');
+    assert.equal(answer.body.error.message, 'The request was not received in full in time (its headers within 1 s, all of it within 1 s).');
     assert.equal(answer.headers['request-id'], answer.body.error.request_id);
     assert.equal(answer.headers.connection, 'close');
   });
@@ -59,6 +60,31 @@ describe('HTTP connections', () => {
     assert.equal(answer.status, 401, JSON.stringify(answer));
     assert.equal(answer.body.error.code, 'authentication_failed');
     assert.equal(answer.headers.connection, 'close', 'the server does not keep the connection to read the rest');
+  });
+
+  test('a connection that never sends a byte is closed without an answer', async () => {
+    const answer = await exchange(port, '');
+    assert.deepEqual([answer.closed, Number.isNaN(answer.status), answer.body], [true, true, null], JSON.stringify(answer));
+  });
+
+  test('a pipelined request that times out while the one before is still being answered: that answer comes, then the close', async () => {
+    // The first request (a webhook's test ping, to a receiver answering in 2.5 s) runs longer
+    // than the timeout; the second, sent right behind it, stops in its body.
+    const receiver = await startReceiver();
+    receiver.reply = () => ({ status: 200, body: 'ok', delayMs: 2_500 });
+    try {
+      const hook = await t.request('POST', '/v1/webhooks', { body: { url: receiver.url(), events: '*' } });
+      assert.equal(hook.status, 200, JSON.stringify(hook.body));
+      const ping = `POST /v1/webhooks/${hook.body.webhook_id}/test HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n`
+        + 'Content-Length: 0\r\n\r\n';
+      const answer = await exchange(port, ping + partialPost(`Authorization: Bearer ${ADMIN_KEY}\r\n`));
+      assert.equal(answer.status, 200, JSON.stringify(answer));
+      assert.equal(answer.body.success, true, 'the ping\'s own answer, not a 408 in its place');
+      assert.equal(answer.headers.connection, 'close');
+      assert.equal((await t.request('DELETE', `/v1/webhooks/${hook.body.webhook_id}`)).status, 200);
+    } finally {
+      await receiver.close();
+    }
   });
 
   test('headers over 16 KiB are answered 431 in the API\'s shape', async () => {
