@@ -9,6 +9,7 @@ import swagger from '@fastify/swagger';
 import swaggerUi from '@fastify/swagger-ui';
 import { Type } from 'typebox';
 import { ERROR_CODES } from '../errors/errors.ts';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { App } from './app.ts';
 import type { AppContext } from './context.ts';
 
@@ -72,19 +73,29 @@ export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
       security: [{ apiKey: [] }],
     },
   });
-  await app.register(swaggerUi, { routePrefix: '/docs', staticCSP: true });
-  // The document is made once, on the first request (the routes are all registered by then), and
-  // kept with its gzip: no key is needed to read it, so each read must cost next to nothing.
-  let document: { json: string; gzip: Buffer; etag: string } | null = null;
-  app.get('/openapi.json', { schema: { hide: true } }, async (request, reply) => {
-    if (!document) {
-      const json = JSON.stringify(app.swagger());
-      document = { json, gzip: gzipSync(json), etag: `"${createHash('sha256').update(json).digest('base64url').slice(0, 27)}"` };
+  // The document, in JSON at /openapi.json and /docs/json and in YAML at /docs/yaml, is made once,
+  // on its first request (the routes are all registered by then), and kept with its gzip: no key
+  // is needed to read it, and making it takes ~8 ms of the event loop, so a client looping it
+  // would slow every other request. Each later request is answered from the copy.
+  const documents = new Map<string, StoredDocument>();
+  const served = (request: FastifyRequest, reply: FastifyReply): FastifyReply | null => {
+    const stored = documents.get(request.routeOptions.url ?? '');
+    return stored ? sendStored(request, reply, stored) : null;
+  };
+  app.addHook('onSend', async (request, reply, payload) => {
+    const url = request.routeOptions.url;
+    if ((url === '/docs/json' || url === '/docs/yaml') && reply.statusCode === 200 && !documents.has(url) && typeof payload === 'string') {
+      documents.set(url, storedDocument(payload, String(reply.getHeader('content-type') ?? 'application/json')));
     }
-    reply.type('application/json; charset=utf-8').header('ETag', document.etag).header('Vary', 'Accept-Encoding');
-    if (request.headers['if-none-match'] === document.etag) return reply.code(304).send();
-    if (/\bgzip\b/.test(String(request.headers['accept-encoding'] ?? ''))) return reply.header('Content-Encoding', 'gzip').send(document.gzip);
-    return reply.send(document.json);
+    return payload;
+  });
+  await app.register(swaggerUi, {
+    routePrefix: '/docs', staticCSP: true,
+    uiHooks: { onRequest: async (request: FastifyRequest, reply: FastifyReply) => served(request, reply) ?? undefined },
+  });
+  app.get('/openapi.json', { schema: { hide: true } }, async (request, reply) => {
+    if (!documents.has('/openapi.json')) documents.set('/openapi.json', storedDocument(JSON.stringify(app.swagger()), 'application/json; charset=utf-8'));
+    return served(request, reply);
   });
   app.get('/docs/errors', { schema: { hide: true } }, async (_request, reply) => {
     const rows = Object.entries(ERROR_CODES).map(([code, { status, description }]) =>
@@ -115,4 +126,33 @@ function descriptionHtml(description: string): string {
 
 function escapeHtml(text: string): string {
   return text.replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]!);
+}
+
+interface StoredDocument { text: string; gzip: Buffer; type: string; etag: string }
+
+function storedDocument(text: string, type: string): StoredDocument {
+  const tag = createHash('sha256').update(text).digest('base64url').slice(0, 27);
+  return { text, gzip: gzipSync(text), type, etag: tag };
+}
+
+/**
+ * The stored document, gzipped when the client takes gzip (a `q` of 0 refuses it), or 304 when
+ * the client holds it (`If-None-Match`: a list, weak or strong tags, or `*`). Each coding has its
+ * own tag, as RFC 9110 asks.
+ */
+function sendStored(request: FastifyRequest, reply: FastifyReply, stored: StoredDocument): FastifyReply {
+  const gzip = acceptsGzip(String(request.headers['accept-encoding'] ?? ''));
+  const etag = gzip ? `"${stored.etag}-gz"` : `"${stored.etag}"`;
+  reply.type(stored.type).header('ETag', etag).header('Vary', 'Accept-Encoding');
+  const held = String(request.headers['if-none-match'] ?? '').split(',').map((tag) => tag.trim().replace(/^W\//, ''));
+  if (held.includes(etag) || held.includes('*')) return reply.code(304).send();
+  return gzip ? reply.header('Content-Encoding', 'gzip').send(stored.gzip) : reply.send(stored.text);
+}
+
+function acceptsGzip(header: string): boolean {
+  return header.split(',').some((entry) => {
+    const [coding = '', ...params] = entry.split(';').map((part) => part.trim().toLowerCase());
+    const q = params.find((param) => param.startsWith('q='));
+    return (coding === 'gzip' || coding === 'x-gzip') && (q === undefined || Number(q.slice(2)) > 0);
+  });
 }

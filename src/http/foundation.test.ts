@@ -209,15 +209,29 @@ describe('HTTP foundation', () => {
     assert.deepEqual(headerNames(openapi.body.paths['/v1/organization'].get), []);
     assert.ok(openapi.body.paths['/v1/organization'].get.responses['4XX'], 'every operation');
     // Made once and kept: the same bytes each time, gzipped for a client that takes it, and a
-    // client holding them is told so by their ETag.
+    // client holding them is told so by their ETag (one per coding).
     const etag = String(openapi.headers.etag);
     assert.match(etag, /^"[\w-]{27}"$/);
-    const zipped = await t.service.app.inject({ method: 'GET', url: '/openapi.json', headers: { 'accept-encoding': 'br, gzip' } });
+    const get = (url: string, headers: Record<string, string>) => t.service.app.inject({ method: 'GET', url, headers });
+    const zipped = await get('/openapi.json', { 'accept-encoding': 'br, gzip' });
     assert.equal(zipped.headers['content-encoding'], 'gzip');
+    assert.equal(zipped.headers.etag, etag.replace(/"$/, '-gz"'));
     assert.deepEqual(JSON.parse(gunzipSync(zipped.rawPayload).toString('utf8')), openapi.body);
     assert.ok(zipped.rawPayload.length * 4 < Buffer.byteLength(JSON.stringify(openapi.body)), 'a quarter of the size or less');
-    const unchanged = await t.request('GET', '/openapi.json', { key: null, headers: { 'if-none-match': etag } });
-    assert.deepEqual([unchanged.status, unchanged.body], [304, '']);
+    assert.equal((await get('/openapi.json', { 'accept-encoding': 'gzip;q=0, identity' })).headers['content-encoding'], undefined, 'q=0 refuses gzip');
+    for (const held of [etag, `W/${etag}`, `"other", ${etag}`, '*']) {
+      const unchanged = await get('/openapi.json', { 'if-none-match': held });
+      assert.deepEqual([unchanged.statusCode, unchanged.body], [304, ''], held);
+    }
+    assert.equal((await get('/openapi.json', { 'if-none-match': '"other"' })).statusCode, 200);
+    // The reference's own copies (JSON and YAML) are kept too, from their first request on.
+    for (const url of ['/docs/json', '/docs/yaml']) {
+      const [first, second] = [await get(url, {}), await get(url, {})];
+      assert.deepEqual([first.statusCode, second.statusCode], [200, 200], url);
+      assert.equal(second.body, first.body, url);
+      assert.match(String(second.headers.etag), /^"[\w-]{27}"$/, `${url} is answered from the copy`);
+    }
+    assert.deepEqual(JSON.parse((await get('/docs/json', {})).body), openapi.body);
     const docs = await t.request('GET', '/docs/', { key: null });
     assert.equal(docs.status, 200);
     const errors = await t.request('GET', '/docs/errors', { key: null });
