@@ -686,11 +686,11 @@ describe('transaction exports over time and through failures', () => {
   // A client looking for its exports as it would for any other resource is told how they are
   // read, not that no transaction is called "exports".
   test('GET /v1/transactions/exports (no id) answers 404 saying exports are created, then read by id', async () => {
-    for (const path of ['/v1/transactions/exports', '/v1/transactions/export']) {
+    for (const [path, param] of [['/v1/transactions/exports', 'tx_id'], ['/v1/transactions/export', 'tx_id'], ['/v1/transactions/exports/', 'export_id']] as const) {
       const response = await t.request('GET', path);
       assert.equal(response.status, 404, path);
       assert.equal(response.body.error.code, 'not_found', path);
-      assert.equal(response.body.error.param, 'tx_id', path);
+      assert.equal(response.body.error.param, param, path);
       assert.match(response.body.error.message,
         /create one with POST \/v1\/transactions\/export, then read it by its id at GET \/v1\/transactions\/exports\/\{export_id\}/, path);
     }

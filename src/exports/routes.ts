@@ -8,6 +8,7 @@ import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
+import { exportsAreReadById } from '../transactions/routes.ts';
 import { TransactionStatusSchema, TransactionTypeSchema } from '../transactions/views.ts';
 import { ExportFormatSchema, ExportView, createExport, exportView, getExport, openDownload } from './exports.ts';
 import { CONTENT_TYPES } from './formats.ts';
@@ -42,8 +43,11 @@ export function exportRoutes(app: App, ctx: AppContext): void {
       tags: ['Transactions'], summary: 'An export: poll it until `status` is `ready` (or `failed`)',
       params: ExportParams, response: { 200: ExportView },
     },
-  }, async (request) =>
-    exportView(await getExport(ctx.db, principalOf(request).orgId, request.params.export_id), ctx.clock.nowMs()));
+  }, async (request) => {
+    // `GET /v1/transactions/exports/` (no id) is a client trying to list them, as without the slash.
+    if (request.params.export_id === '') throw exportsAreReadById('export_id');
+    return exportView(await getExport(ctx.db, principalOf(request).orgId, request.params.export_id), ctx.clock.nowMs());
+  });
 
   app.get('/v1/transactions/exports/:export_id/download', {
     config: { permission: 'read' },

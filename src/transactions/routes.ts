@@ -30,9 +30,9 @@ const PENDING_SELECT_ROUNDS = 4;
  */
 const EXPORTS_SEGMENTS = new Set(['exports', 'export']);
 
-function exportsAreReadById(): ServiceError {
+export function exportsAreReadById(param = 'tx_id'): ServiceError {
   return new ServiceError('not_found', 'Exports are not listed: create one with POST /v1/transactions/export, then read it by '
-    + 'its id at GET /v1/transactions/exports/{export_id} (docs/exports.md).', { param: 'tx_id' });
+    + 'its id at GET /v1/transactions/exports/{export_id} (docs/exports.md).', { param });
 }
 
 /** The filters both lists take (SPEC: status, from, to, type, limit, cursor). */
