@@ -244,7 +244,7 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
   const release = acquireLock(dir, {
     file: 'agent-vault.lock',
     what: 'the PGlite database',
-    remedy: 'stop the service first, or use PostgreSQL (DATABASE_URL), where the CLI runs beside the service',
+    remedy: 'stop the process that holds it first (for the CLI beside a running service, use PostgreSQL: DATABASE_URL, where it runs alongside)',
   });
   try {
     return new PGliteDatabase(await PGlite.create(dir, pgliteOptions), release);

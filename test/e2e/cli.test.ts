@@ -12,7 +12,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createServer, type AddressInfo } from 'node:net';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -187,13 +187,14 @@ describe('agent-vault operator commands', () => {
       return;
     }
     // A live process (this one) holding the data dir, as a running service does.
+    mkdirSync(join(dataDir, 'pglite'), { recursive: true });
     const lock = join(dataDir, 'pglite', 'agent-vault.lock');
     writeFileSync(lock, `${process.pid}\n`);
     try {
       const [migrate, keys, orgs] = await Promise.all([cli('migrate'), cli('keys', 'list'), cli('org', 'list')]);
       for (const [outcome, command] of [[migrate, 'migrate'], [keys, 'keys list'], [orgs, 'org list']] as const) {
         assertRefused(outcome, command, new RegExp(`the PGlite database at \\S+ is in use by pid ${process.pid}: `
-          + 'stop the service first, or use PostgreSQL \\(DATABASE_URL\\)'));
+          + 'stop the process that holds it first \\(for the CLI beside a running service, use PostgreSQL: DATABASE_URL'));
       }
     } finally {
       rmSync(lock);
