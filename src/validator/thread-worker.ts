@@ -34,6 +34,6 @@ try {
   });
   reply({ kind: 'ready', info: validator.info() });
 } catch (error) {
-  reply({ kind: 'failed', error: error instanceof Error ? error.message : String(error) });
+  reply({ kind: 'failed', error: error instanceof Error ? error.message : String(error), name: error instanceof Error ? error.name : 'Error' });
   port.close();
 }

@@ -103,8 +103,9 @@ describe('ValidatorThread', () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
     const holder = await LocalValidator.open({ dataDir, slotMs: 0, clock: new OffsetClock(), programSoPath: null });
     try {
+      // By name too: the CLI says such a refusal in one line, as the operator's to fix.
       await assert.rejects(ValidatorThread.start({ dataDir, slotMs: 0, programSoPath: null, offsetCell: new OffsetClock().offsetCell }),
-        /in use by pid/);
+        { name: 'ValidatorLockedError', message: /in use by pid/ });
     } finally {
       await holder.close();
       rmSync(dataDir, { recursive: true, force: true });

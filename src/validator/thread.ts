@@ -22,7 +22,7 @@ export interface ValidatorThreadOptions {
 export type ThreadRequest = { kind: 'rpc'; id: number; payload: unknown } | { kind: 'close' };
 export type ThreadReply =
   | { kind: 'ready'; info: ValidatorInfo }
-  | { kind: 'failed'; error: string }
+  | { kind: 'failed'; error: string; name: string }
   | { kind: 'log'; entry: Record<string, unknown> }
   | { kind: 'published'; statuses: readonly PublishedStatus[] }
   | { kind: 'response'; id: number; response?: unknown; error?: string }
@@ -74,7 +74,8 @@ export class ValidatorThread {
         } else if (message.kind === 'failed') {
           worker.off('exit', exited);
           void worker.terminate();
-          reject(new Error(message.error));
+          // Its name crosses the thread (a `ValidatorLockedError` is an operator's to fix: one line).
+          reject(Object.assign(new Error(message.error), { name: message.name }));
         }
       };
       const exited = (code: number): void => reject(new ValidatorThreadError(`the embedded validator stopped while opening (exit code ${code})`));
