@@ -1,5 +1,5 @@
 /*
- * Cross-program invocations: System (create a PDA), SPL Token (transfer), Associated Token
+ * Cross-program invocations: System (create a PDA), SPL Token (transfer, close), Associated Token
  * Account (create idempotently). Account infos point into the loader's input, as the runtime
  * requires, so it can write the callee's changes back where this program reads them.
  */
@@ -13,6 +13,7 @@ enum {
 };
 
 #define TOKEN_TRANSFER 3
+#define TOKEN_CLOSE_ACCOUNT 9
 #define ATA_CREATE_IDEMPOTENT 1
 
 /* The metas and infos of one invocation live at the start of the heap (32 KiB at 0x300000000,
@@ -167,6 +168,21 @@ NOINLINE uint64_t token_transfer(const TokenTransfer *t) {
     account_info(&infos[3], t->token_program);
     SolInstruction instruction = {&t->token_program->key, metas, 3, data, sizeof(data)};
     return invoke(&instruction, infos, 4, t->authority_seeds);
+}
+
+NOINLINE uint64_t token_close_account(const TokenCloseAccount *c) {
+    uint8_t data[1] = {TOKEN_CLOSE_ACCOUNT};
+    SolAccountMeta *metas = CPI_SCRATCH->metas;
+    account_meta(&metas[0], c->account, true, false);
+    account_meta(&metas[1], c->destination, true, false);
+    account_meta(&metas[2], c->authority, false, true);
+    SolAccountInfo *infos = CPI_SCRATCH->infos;
+    account_info(&infos[0], c->account);
+    account_info(&infos[1], c->destination);
+    account_info(&infos[2], c->authority);
+    account_info(&infos[3], c->token_program);
+    SolInstruction instruction = {&c->token_program->key, metas, 3, data, sizeof(data)};
+    return invoke(&instruction, infos, 4, c->authority_seeds);
 }
 
 NOINLINE uint64_t create_associated_token_account(const AssociatedTokenAccount *a) {

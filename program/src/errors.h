@@ -34,6 +34,7 @@ enum {
     ERR_MEMO_TOO_LONG = 6023,
     ERR_POLICY_MISMATCH = 6024,
     ERR_NOT_WRITABLE = 6025,
+    ERR_TOKEN_ACCOUNT_NOT_EMPTY = 6026,
 };
 
 /* Evaluates a check and returns its error from the calling function when it fails. */

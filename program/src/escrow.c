@@ -1,11 +1,13 @@
 /*
  * Escrow: money locked out of a vault for a task, then released to the receiver, refunded to the
- * vault, or — once disputed — split by the arbiter.
+ * vault, or — once disputed — split by the arbiter. A settled escrow is then closed, its two
+ * accounts' rent back to the operator that paid it.
  *
  *   locked ──release (operator, before expiry)──────────────▶ released
  *   locked ──refund (arbiter any time; operator after expiry)▶ refunded
  *   locked ──dispute (operator, before expiry)──▶ disputed ──refund (arbiter)──▶ refunded
  *                                                 disputed ──resolve (arbiter)─▶ resolved
+ *   released, refunded, resolved ──close (operator)──▶ (no account)
  */
 #include "program.h"
 
@@ -373,5 +375,54 @@ NOINLINE uint64_t process_escrow_resolve(const Context *ctx) {
         payout.amount = to_sender;
         TRY(escrow_pay_out(&payout));
     }
+    return SUCCESS;
+}
+
+/* Accounts: operator (s,w), escrow (w), escrow_token (w), token. A settled escrow whose token
+ * account is empty: the token account is closed by SPL Token, the escrow account by this program,
+ * and the lamports of both (their rent, which the operator paid at EscrowCreate) go to the
+ * operator. */
+NOINLINE uint64_t process_escrow_close(const Context *ctx) {
+    TRY(require_shape(ctx, 1, 4));
+    AccountHeader *operator = ctx->accounts[0];
+    AccountHeader *escrow_account = ctx->accounts[1];
+    AccountHeader *escrow_token = ctx->accounts[2];
+    TRY(require_signer(operator));
+    TRY(require_writable(operator));
+    TRY(require_writable(escrow_account));
+    TRY(require_writable(escrow_token));
+    TRY(require_token_program(ctx->accounts[3]));
+
+    Escrow *escrow;
+    TRY(load_escrow(ctx, escrow_account, &escrow));
+    REQUIRE(key_eq(&escrow->authority, &operator->key), ERR_UNAUTHORIZED);
+    uint8_t state = escrow->header.flags;
+    REQUIRE(state == ESCROW_RELEASED || state == ESCROW_REFUNDED || state == ESCROW_RESOLVED,
+            ERR_INVALID_ESCROW_STATE);
+    REQUIRE(key_eq(&escrow_token->key, &escrow->token_account), ERR_INVALID_TOKEN_ACCOUNT);
+    uint64_t balance;
+    TRY(token_balance(escrow_token, &balance));
+    // USDC sent to the account after (or beyond) the settlement: closing is refused rather than
+    // the tokens taken by anyone.
+    REQUIRE(balance == 0, ERR_TOKEN_ACCOUNT_NOT_EMPTY);
+
+    PdaSeeds seeds;
+    pda_seeds(&seeds, SEED_ESCROW, escrow->escrow_key, NULL, escrow->header.bump);
+    TokenCloseAccount close = {
+        .token_program = ctx->accounts[3],
+        .account = escrow_token,
+        .destination = operator,
+        .authority = escrow_account,
+        .authority_seeds = &seeds,
+    };
+    TRY(token_close_account(&close));
+
+    // The program owns the escrow account, so it closes it itself: the data zeroed, so that an
+    // account given lamports again later in the same transaction is no escrow (every loader
+    // refuses discriminator 0), and every lamport to the operator; the runtime removes an account
+    // left with none at the end of the transaction.
+    sol_memset_(account_data(escrow_account), 0, escrow_account->data_len);
+    operator->lamports += escrow_account->lamports;
+    escrow_account->lamports = 0;
     return SUCCESS;
 }

@@ -33,6 +33,7 @@ enum {
     TAG_ESCROW_REFUND = 9,
     TAG_ESCROW_DISPUTE = 10,
     TAG_ESCROW_RESOLVE = 11,
+    TAG_ESCROW_CLOSE = 12,
 };
 
 /* Instruction handlers: each one validates everything it touches and returns SUCCESS or an error. */
@@ -48,6 +49,7 @@ uint64_t process_escrow_release(const Context *ctx);
 uint64_t process_escrow_refund(const Context *ctx);
 uint64_t process_escrow_dispute(const Context *ctx);
 uint64_t process_escrow_resolve(const Context *ctx);
+uint64_t process_escrow_close(const Context *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Account checks */
@@ -181,6 +183,18 @@ typedef struct {
 
 /* SPL Token Transfer signed by the PDA that owns the source. */
 uint64_t token_transfer(const TokenTransfer *t);
+
+typedef struct {
+    AccountHeader *token_program;
+    AccountHeader *account;
+    AccountHeader *destination;
+    AccountHeader *authority;
+    const PdaSeeds *authority_seeds;
+} TokenCloseAccount;
+
+/* SPL Token CloseAccount (the account must hold no tokens) signed by the PDA that owns it; its
+ * lamports go to `destination`. */
+uint64_t token_close_account(const TokenCloseAccount *c);
 
 typedef struct {
     AccountHeader *payer;

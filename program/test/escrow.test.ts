@@ -1,21 +1,26 @@
 /**
- * Escrow: create (a spend under the vault's policy), release, refund, dispute, resolve. Each
- * transition is tested from every state it must refuse, with balances proving conservation:
+ * Escrow: create (a spend under the vault's policy), release, refund, dispute, resolve, close.
+ * Each transition is tested from every state it must refuse, with balances proving conservation:
  * vault + escrow + receiver always add up to what the vault held.
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { type KeyPairSigner } from '@solana/kit';
+import { AccountRole, type Instruction, type KeyPairSigner } from '@solana/kit';
 import {
+  concat,
   createBench,
   DAY_S,
   expectOk,
   expectProgramError,
   program,
+  signerMeta,
+  u32,
+  u64,
   U64_MAX,
   USDC,
   withAddress,
   withoutSigner,
+  withoutWritable,
   type AgentVault,
   type Bench,
   type EscrowAddresses,
@@ -26,6 +31,7 @@ const Create = { operator: 0, vault: 1, vaultToken: 2, policy: 3, mint: 4, escro
 const Release = { operator: 0, escrow: 1, escrowToken: 2, mint: 3, receiver: 4, receiverToken: 5 };
 const Refund = { signer: 0, escrow: 1, escrowToken: 2, fromVault: 3, vaultToken: 4 };
 const Resolve = { arbiter: 0, escrow: 1, escrowToken: 2, mint: 3, receiver: 4, receiverToken: 5, fromVault: 6, vaultToken: 7 };
+const Close = { operator: 0, escrow: 1, escrowToken: 2, token: 3 };
 
 const HOUR_S = 3_600n;
 
@@ -387,6 +393,149 @@ describe('EscrowDispute and EscrowResolve', () => {
     const resolve = await s.b.escrowResolveInstruction(s.e, s.v, s.receiver.address, s.arbiter, split);
     expectProgramError(await s.b.send([withAddress(resolve, Resolve.vaultToken, other.vaultToken)]), 'InvalidTokenAccount');
     expectProgramError(await s.b.send([withAddress(resolve, Resolve.fromVault, s.receiver.address)]), 'DuplicateAccount');
+  });
+});
+
+describe('EscrowClose', () => {
+  /** Lamports, owner and data of the escrow's two accounts and the operator's lamports, to show a refusal changed nothing. */
+  function snapshot(s: EscrowBench) {
+    return [s.e.escrow, s.e.escrowToken].map((account) => ({
+      lamports: s.b.lamports(account), owner: s.b.owner(account), data: s.b.data(account),
+    })).concat([{ lamports: s.b.lamports(s.b.operator.address), owner: null, data: null }]);
+  }
+
+  /** The close, its fee paid by another key: the operator's balance then moves by the accounts' lamports alone. */
+  async function close(s: EscrowBench, operator = s.b.operator) {
+    return s.b.send([s.b.escrowCloseInstruction(s.e, operator)], await s.b.keypair());
+  }
+
+  // The guarantee: a settled escrow's two accounts go, and every lamport they held (the rent the
+  // operator paid at creation) is the operator's again, to the lamport.
+  test('a released, a refunded and a resolved escrow: both accounts removed, their lamports to the operator', async (t) => {
+    const settle: Record<string, (s: EscrowBench) => Promise<void>> = {
+      released: async (s) => { expectOk(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)])); },
+      refunded: async (s) => {
+        s.b.setTime(s.expiresAt);
+        expectOk(await s.b.send([s.b.escrowRefundInstruction(s.e, s.v)]));
+      },
+      resolved: async (s) => {
+        expectOk(await s.b.send([s.b.escrowDisputeInstruction(s.e)]));
+        expectOk(await s.b.send([await s.b.escrowResolveInstruction(s.e, s.v, s.receiver.address, s.arbiter,
+          { toReceiver: 25n * USDC, toSender: 15n * USDC })]));
+      },
+    };
+    for (const [state, settled] of Object.entries(settle)) {
+      const s = await escrowBench();
+      expectOk(await s.create());
+      await settled(s);
+      assert.equal(s.b.escrow(s.e.escrow).state, program.EscrowState[state === 'released' ? 'Released' : state === 'refunded' ? 'Refunded' : 'Resolved']);
+      const rent = s.b.lamports(s.e.escrow) + s.b.lamports(s.e.escrowToken);
+      assert.ok(rent >= s.b.svm.minimumBalanceForRentExemption(304n) + s.b.svm.minimumBalanceForRentExemption(165n), `${state}: both accounts held their rent`);
+      const operatorBefore = s.b.lamports(s.b.operator.address);
+      const cu = expectOk(await close(s));
+      t.diagnostic(`EscrowClose CU (${state}): ${cu}`);
+      assert.equal(s.b.lamports(s.b.operator.address), operatorBefore + rent, `${state}: the operator has both accounts' lamports`);
+      for (const account of [s.e.escrow, s.e.escrowToken]) {
+        assert.equal(s.b.data(account), null, `${state}: ${account} no longer exists`);
+        assert.equal(s.b.lamports(account), 0n);
+      }
+    }
+  });
+
+  test('a locked and a disputed escrow: InvalidEscrowState, nothing changed', async () => {
+    const s = await escrowBench();
+    expectOk(await s.create());
+    const locked = snapshot(s);
+    expectProgramError(await close(s), 'InvalidEscrowState');
+    assert.deepEqual(snapshot(s), locked);
+    // Past its expiry it is still locked until refunded: money the operator could still refund.
+    s.b.setTime(s.expiresAt + 1n);
+    expectProgramError(await close(s), 'InvalidEscrowState');
+    assert.deepEqual(snapshot(s), locked);
+
+    const d = await escrowBench();
+    expectOk(await d.create());
+    expectOk(await d.b.send([d.b.escrowDisputeInstruction(d.e)]));
+    const disputed = snapshot(d);
+    expectProgramError(await close(d), 'InvalidEscrowState');
+    assert.deepEqual(snapshot(d), disputed);
+    assert.equal(d.b.tokens(d.e.escrowToken), 40n * USDC);
+  });
+
+  // The guarantee: only the key that opened the escrow (and paid its rent) takes the rent back.
+  test('a signer that is not the escrow\'s authority (the arbiter, the receiver, anyone): Unauthorized; missing signature: MissingSigner', async () => {
+    const s = await escrowBench();
+    expectOk(await s.create());
+    expectOk(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)]));
+    const before = snapshot(s);
+    for (const intruder of [s.arbiter, s.receiver, await s.b.keypair()]) {
+      expectProgramError(await close(s, intruder), 'Unauthorized');
+    }
+    const payer = await s.b.keypair();
+    expectProgramError(await s.b.send([withoutSigner(s.b.escrowCloseInstruction(s.e), Close.operator)], payer), 'MissingSigner');
+    assert.deepEqual(snapshot(s), before);
+  });
+
+  test('closing twice: the second finds no escrow (InvalidAccountOwner) and changes nothing', async () => {
+    const s = await escrowBench();
+    expectOk(await s.create());
+    expectOk(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)]));
+    expectOk(await close(s));
+    const operatorAfter = s.b.lamports(s.b.operator.address);
+    expectProgramError(await close(s), 'InvalidAccountOwner');
+    assert.equal(s.b.lamports(s.b.operator.address), operatorAfter);
+    assert.equal(s.b.data(s.e.escrow), null);
+    assert.equal(s.b.data(s.e.escrowToken), null);
+  });
+
+  test('USDC in the escrow\'s token account: TokenAccountNotEmpty; another token account: InvalidTokenAccount', async () => {
+    const s = await escrowBench();
+    expectOk(await s.create());
+    expectOk(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)]));
+    const foreign = await s.b.tokenAccount(s.b.operator.address);
+    expectProgramError(await s.b.send([withAddress(s.b.escrowCloseInstruction(s.e), Close.escrowToken, foreign)]), 'InvalidTokenAccount');
+    // Anyone can send USDC to the escrow's token account; it is never swept to the operator.
+    await s.b.mintTo(s.e.escrowToken, 1n);
+    const before = snapshot(s);
+    expectProgramError(await close(s), 'TokenAccountNotEmpty');
+    assert.deepEqual(snapshot(s), before);
+  });
+
+  test('accounts read-only, another token program, another program\'s account: NotWritable, InvalidProgramId, InvalidAccountOwner', async () => {
+    const s = await escrowBench();
+    expectOk(await s.create());
+    expectOk(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)]));
+    // Another fee payer: the fee payer is writable whatever the instruction says.
+    const payer = await s.b.keypair();
+    for (const index of [Close.operator, Close.escrow, Close.escrowToken]) {
+      expectProgramError(await s.b.send([withoutWritable(s.b.escrowCloseInstruction(s.e), index)], payer), 'NotWritable');
+    }
+    expectProgramError(await s.b.send([withAddress(s.b.escrowCloseInstruction(s.e), Close.token, program.SYSTEM_PROGRAM)]), 'InvalidProgramId');
+    const vaultAsEscrow = withAddress(s.b.escrowCloseInstruction(s.e), Close.escrow, s.v.vault);
+    expectProgramError(await s.b.send([vaultAsEscrow]), 'InvalidAccountData');
+    const receiverAsEscrow = withAddress(s.b.escrowCloseInstruction(s.e), Close.escrow, s.receiver.address);
+    expectProgramError(await s.b.send([receiverAsEscrow]), 'InvalidAccountOwner');
+    assert.equal(s.b.escrow(s.e.escrow).state, program.EscrowState.Released);
+  });
+
+  // The guarantee: a closed escrow cannot be brought back as an escrow, even by lamports sent to
+  // its address later in the same transaction, which keep the account alive.
+  test('an account given its rent again in the closing transaction is zeroed: no escrow, not creatable again', async () => {
+    const s = await escrowBench();
+    expectOk(await s.create());
+    expectOk(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)]));
+    const revive: Instruction = {
+      programAddress: program.SYSTEM_PROGRAM,
+      accounts: [signerMeta(s.b.operator), { address: s.e.escrow, role: AccountRole.WRITABLE }],
+      data: concat(u32(2), u64(s.b.svm.minimumBalanceForRentExemption(304n))), // System Transfer
+    };
+    expectOk(await s.b.send([s.b.escrowCloseInstruction(s.e), revive]));
+    assert.deepEqual(s.b.data(s.e.escrow), new Uint8Array(304), 'alive, every byte zero');
+    assert.equal(s.b.owner(s.e.escrow), s.b.programId);
+    assert.equal(s.b.data(s.e.escrowToken), null);
+    expectProgramError(await s.b.send([s.b.escrowCloseInstruction(s.e)]), 'InvalidAccountData');
+    expectProgramError(await s.b.send([await s.b.escrowReleaseInstruction(s.e, s.receiver.address)]), 'InvalidAccountData');
+    expectProgramError(await s.create(), 'AlreadyInitialized');
   });
 });
 

@@ -232,7 +232,8 @@ describe('the entrypoint', () => {
     const b = await createBench();
     const org = await b.orgAddresses('org-1');
     const ix = b.initReserveInstruction(org);
-    expectProgramError(await b.send([withData(ix, new Uint8Array([12]))]), 'InvalidInstruction');
+    // The first tag no instruction has.
+    expectProgramError(await b.send([withData(ix, new Uint8Array([program.Tag.EscrowClose + 1]))]), 'InvalidInstruction');
     expectProgramError(await b.send([withData(ix, new Uint8Array([255, 0, 0]))]), 'InvalidInstruction');
     expectProgramError(await b.send([withData(ix, new Uint8Array(0))]), 'InvalidInstruction');
   });

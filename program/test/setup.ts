@@ -532,6 +532,10 @@ export class Bench {
     }, split);
   }
 
+  escrowCloseInstruction(e: EscrowAddresses, operator: KeyPairSigner = this.operator): Instruction {
+    return program.escrowClose(this.programId, { operator, escrow: e.escrow, escrowToken: e.escrowToken });
+  }
+
   /** An organisation with its reserve holding `reserveAmount` and its default policy. */
   async createOrg(orgId: string, limits: PolicyLimitsInput = {}, reserveAmount = 1_000n * USDC): Promise<Org> {
     const org = await this.orgAddresses(orgId);

@@ -36,6 +36,7 @@ export const Tag = {
   EscrowRefund: 9,
   EscrowDispute: 10,
   EscrowResolve: 11,
+  EscrowClose: 12,
 } as const;
 
 export const VaultOp = { AttachPolicy: 0, Freeze: 1, Unfreeze: 2 } as const;
@@ -71,6 +72,7 @@ export const ProgramError = {
   MemoTooLong: 6023,
   PolicyMismatch: 6024,
   NotWritable: 6025,
+  TokenAccountNotEmpty: 6026,
 } as const;
 export type ProgramErrorName = keyof typeof ProgramError;
 
@@ -416,6 +418,22 @@ export function escrowResolve(
       writable(a.receiverToken), writable(a.fromVault), writable(a.vaultToken), readonly(SYSTEM_PROGRAM),
       readonly(TOKEN_PROGRAM), readonly(ATA_PROGRAM)],
     new DataWriter(17).u8(Tag.EscrowResolve).u64(split.toReceiver).u64(split.toSender).done(),
+  );
+}
+
+export interface EscrowCloseAccounts {
+  /** the escrow's authority: it receives both accounts' lamports */
+  operator: TransactionSigner;
+  escrow: Address;
+  escrowToken: Address;
+}
+
+/** Closes a settled escrow's account and its empty token account, their rent back to the operator. */
+export function escrowClose(programId: Address, a: EscrowCloseAccounts): Instruction {
+  return instruction(
+    programId,
+    [signer(a.operator, true), writable(a.escrow), writable(a.escrowToken), readonly(TOKEN_PROGRAM)],
+    new Uint8Array([Tag.EscrowClose]),
   );
 }
 
