@@ -139,7 +139,7 @@ describe('chain client', () => {
     }
   });
 
-  test('escrow: lock, release to the receiving vault; refund only after expiry', async () => {
+  test('escrow: lock, release to the receiving vault; refund only after expiry; closed once settled', async () => {
     await chain.execute([
       await chain.createVaultIx(ORG, 'agent-req', 'pol_open'),
       await chain.createVaultIx(ORG, 'agent-work', 'pol_open'),
@@ -164,9 +164,16 @@ describe('chain client', () => {
     assert.equal((await chain.execute([await lock('esc_b', 5n * USDC)])).err, null);
     const early = await chain.execute([await chain.escrowRefundIx('esc_b', requester)]);
     assert.equal(early.err?.name, 'EscrowNotExpired');
+    const { escrow: refunded } = await chain.escrowAddresses('esc_b');
+    assert.equal((await chain.execute([await chain.escrowCloseIx('esc_b')])).err?.name, 'InvalidEscrowState', 'still locked');
     clock.advance(3600);
     assert.equal((await chain.execute([await chain.escrowRefundIx('esc_b', requester)])).err, null);
     assert.equal(await chain.getUsdcBalance(requester), 40n * USDC);
+
+    assert.deepEqual(await chain.getProgramOwned([escrow, refunded, requester, worker]), [true, true, true, true]);
+    assert.equal((await chain.execute([await chain.escrowCloseIx('esc_a'), await chain.escrowCloseIx('esc_b')])).err, null);
+    assert.deepEqual(await chain.getProgramOwned([escrow, refunded, requester]), [false, false, true]);
+    assert.equal(await chain.getEscrow(escrow), null);
   });
 
   test('an outcome is seen when the validator publishes it, not at the next poll', async () => {

@@ -154,6 +154,8 @@ interface Waiter {
 
 /** JSON-RPC caps getSignatureStatuses at 256 signatures per call. */
 const STATUS_BATCH_MAX = 256;
+/** And getMultipleAccounts at 100 accounts. */
+const MULTIPLE_ACCOUNTS_MAX = 100;
 /** Recently prepared signatures remembered to keep deliberate repeats distinct. */
 const PREPARED_SIGNATURES_MAX = 200_000;
 /**
@@ -354,6 +356,12 @@ export class ChainClient {
     return program.escrowResolve(this.programId,
       { arbiter: this.arbiter, escrow, escrowToken, mint: this.usdcMint, receiver, receiverToken, fromVault, vaultToken },
       split);
+  }
+
+  /** A settled escrow's accounts closed, their rent back to the operator key. */
+  async escrowCloseIx(escrowId: string): Promise<Instruction> {
+    const { escrow, escrowToken } = await this.escrowAddresses(escrowId);
+    return program.escrowClose(this.programId, { operator: this.operator, escrow, escrowToken });
   }
 
   // -------------------------------------------------------------------------------------------
@@ -582,6 +590,19 @@ export class ChainClient {
   async getProgramAccountData(account: Address): Promise<Uint8Array | null> {
     const data = await this.getAccountData(account);
     return data && data.length > 0 ? data : null;
+  }
+
+  /**
+   * Per account, in order, whether our program owns it (up to 100 per call; no data is read). An
+   * account the program closed is gone, or a System account once someone sends lamports to its
+   * address.
+   */
+  async getProgramOwned(accounts: readonly Address[]): Promise<boolean[]> {
+    if (accounts.length > MULTIPLE_ACCOUNTS_MAX) throw new Error(`at most ${MULTIPLE_ACCOUNTS_MAX} accounts per call`);
+    if (accounts.length === 0) return [];
+    const { value } = await this.#call('getMultipleAccounts', this.rpc.getMultipleAccounts(accounts,
+      { encoding: 'base64', commitment: 'confirmed', dataSlice: { offset: 0, length: 0 } }));
+    return value.map((account) => account !== null && account.owner === this.programId);
   }
 
   async getVault(vault: Address): Promise<program.VaultAccount | null> {
