@@ -2,6 +2,7 @@
  * The job catalogue: every background job of the service, in one visible list.
  */
 import { expirePolicies, runWalletAutomation, scanAlerts } from '../automation/automation.ts';
+import { closeSettledEscrows } from '../escrow/close.ts';
 import { tickEscrows } from '../escrow/escrows.ts';
 import { deleteExpiredEvents } from '../events/events.ts';
 import { buildDueExports, expireExports } from '../exports/exports.ts';
@@ -52,6 +53,14 @@ export const JOBS: readonly Job[] = [
     intervalMs: 1_000,
     timeoutMs: 30_000,
     run: async (ctx) => { await tickEscrows(ctx); },
+  },
+  {
+    // Closes the chain accounts of settled escrows, their rent back to the operator key; after
+    // escrows.tick, so a run of every job also closes what its refunds settled.
+    name: 'escrows.close',
+    intervalMs: 5_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await closeSettledEscrows(ctx); },
   },
   {
     // A policy past its expiry freezes its vaults and writes policy.expired, once.
