@@ -10,6 +10,7 @@ import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { address, type Signature } from '@solana/kit';
+import { beforeDeadline } from '../../test/deadline.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWallet } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
@@ -18,6 +19,8 @@ import { canonicalJson } from '../http/idempotency.ts';
 import { EXPIRY_MARGIN_BLOCKS, reconcilePending } from '../transactions/settlement.ts';
 import { signCallbackProof } from '../verifiers/verifiers.ts';
 import { newSessionAuthority, signWithSessionToken } from '../wallets/session-token.ts';
+import { JOBS } from '../workers/jobs.ts';
+import { startJobs } from '../workers/runner.ts';
 import { prepareEscrowMove } from './escrows.ts';
 import { OUTPUT_FETCHES_MAX, OUTPUT_FETCHES_PER_ORG_MAX, encodeAttestation, sha256Of } from './proofs.ts';
 
@@ -842,6 +845,54 @@ describe('escrow', () => {
     assert.deepEqual([escrow.status, escrow.in_flight], ['released', null]);
     assert.equal(await balanceOf(t, to.wallet_id), '4.50');
     assert.equal(await chainBalance(to.chain_address), 4_500_000n);
+    await assertConserved();
+  });
+
+  // Guarantee: a move whose send failed is sent again each second whatever else the escrow jobs
+  // wait for. escrows.tick waits up to 20 s for the timeout refunds it sends; a release recorded
+  // meanwhile, its own send failed (a chain not answering for a moment), must not wait behind it,
+  // or it reaches the chain after its escrow's expiry and the requester is refunded although the
+  // completion was accepted.
+  test('a release whose send failed is sent again while escrows.tick waits for a refund: the receiver is paid', async () => {
+    const from = await fundedWallet(t, '10');
+    const to = await fundedWallet(t, '0.5');
+    const expiring = (await open(from, to.wallet_id, { timeoutSeconds: 60 })).body;
+    const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH, timeoutSeconds: 600 })).body;
+    await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 61 } });
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    // The first send of the expired escrow's refund, and of the completion's release, never
+    // reach the chain (a chain not answering for a moment); every other send goes through.
+    const lost = new Set<string>();
+    chain.submit = async (...args: Parameters<typeof submit>) => {
+      const [row] = await t.service.ctx.db.query<{ id: string }>('SELECT id FROM escrows WHERE closing_signature = $1', [args[0].signature]);
+      if (row && (row.id === expiring.escrow_id || row.id === created.escrow_id) && !lost.has(row.id)) {
+        lost.add(row.id);
+        return;
+      }
+      return submit.apply(chain, args);
+    };
+    const until = async (what: () => Promise<boolean>) => beforeDeadline((async () => {
+      while (!(await what())) await new Promise((resolve) => setTimeout(resolve, 20));
+      return true;
+    })(), 10_000);
+    const runner = startJobs(t.service.ctx, JOBS.filter((job) => job.name === 'escrows.tick' || job.name === 'escrows.resend'));
+    try {
+      assert.ok(await until(async () => lost.has(expiring.escrow_id)), 'the tick sent the refund, and waits for it to settle');
+      const completed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/complete`, {
+        body: { proofType: 'output_hash', proof: OUTPUT_HASH, outputUrl: `${outputUrl}/report`, waitForConfirmation: false },
+      });
+      assert.deepEqual([completed.body.status, completed.body.in_flight], ['completed', 'release'], JSON.stringify(completed.body));
+      assert.ok(lost.has(created.escrow_id), 'the release\'s first send was lost');
+      await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: 3 } });
+      // Sent again within a second or two; the tick's wait would have held it for 20.
+      assert.ok(await until(async () => (await escrowOf(created.escrow_id)).status === 'released'), 'released while the tick still waited');
+      assert.ok(await until(async () => (await escrowOf(expiring.escrow_id)).status === 'refunded'), 'the lost refund was sent again too');
+    } finally {
+      chain.submit = submit;
+      await runner.stop();
+    }
+    assert.equal(await balanceOf(t, to.wallet_id), '4.50');
     await assertConserved();
   });
 

@@ -556,9 +556,9 @@ export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disput
       ctx.log.warn({ err: error, escrowId: id }, 'refunding an expired escrow failed; retried at the next tick');
     }
   }
-  // Sent one after the other, settled together: a slot confirms them all.
+  // Sent one after the other, settled together: a slot confirms them all. Moves in flight are
+  // sent again by a job of their own (escrows.resend), which this wait never holds up.
   await Promise.all(sent.map((prepared) => submit(ctx, prepared, true)));
-  await resendInFlight(ctx);
   return { refunding: sent.length, disputesSettled: await settleDisputes(ctx) };
 }
 
@@ -566,14 +566,17 @@ export async function tickEscrows(ctx: Ctx): Promise<{ refunding: number; disput
 const RESEND_AFTER_MS = 2_000;
 
 /**
- * Sends again, as signed, every escrow move in flight for `RESEND_AFTER_MS` whose blockhash still
- * lets it land: the chain may not have kept it (a process that died before its embedded
- * validator saved the slot, a cluster node that dropped it). The same bytes, so the chain runs a
+ * The `escrows.resend` job: sends again, as signed, every escrow move in flight for
+ * `RESEND_AFTER_MS` whose blockhash still lets it land: the chain may not have kept it, or never
+ * got it (a process that died before its embedded validator saved the slot, a cluster node that
+ * dropped it, a chain that did not answer the first send). The same bytes, so the chain runs a
  * move at most once; one it ran already answers as before. Without this a lost release waited
  * out its blockhash and failed, and an escrow past its expiry by then was refunded although its
- * completion had been accepted.
+ * completion had been accepted. A job of its own: escrows.tick waits up to ESCROW_WAIT_MS for
+ * its refunds to settle, and a release recorded meanwhile must not wait behind them (a chain
+ * that came back within a second would otherwise see it only after the escrow's expiry).
  */
-async function resendInFlight(ctx: Ctx): Promise<void> {
+export async function resendEscrowMoves(ctx: Ctx): Promise<void> {
   const height = await ctx.chain.getBlockHeight();
   const inFlight = await ctx.db.query<{ id: string; closing_signature: string; closing_wire: string; closing_valid_height: bigint }>(
     `SELECT id, closing_signature, closing_wire, closing_valid_height FROM escrows

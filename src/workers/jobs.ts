@@ -3,7 +3,7 @@
  */
 import { expirePolicies, runWalletAutomation, scanAlerts } from '../automation/automation.ts';
 import { closeSettledEscrows } from '../escrow/close.ts';
-import { tickEscrows } from '../escrow/escrows.ts';
+import { resendEscrowMoves, tickEscrows } from '../escrow/escrows.ts';
 import { deleteExpiredEvents } from '../events/events.ts';
 import { buildDueExports, expireExports } from '../exports/exports.ts';
 import { purgeExpiredKeys } from '../http/idempotency.ts';
@@ -46,6 +46,14 @@ export const JOBS: readonly Job[] = [
     intervalMs: 2_000,
     timeoutMs: 30_000,
     run: async (ctx) => { await syncPendingWallets(ctx); },
+  },
+  {
+    // Sends again the escrow moves in flight the chain may not have (a release racing the
+    // escrow's expiry among them): its own job, never held up by escrows.tick's waits.
+    name: 'escrows.resend',
+    intervalMs: 1_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await resendEscrowMoves(ctx); },
   },
   {
     // Refunds escrows past their timeout; settles disputes whose chain outcome no request saw.
