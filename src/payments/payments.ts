@@ -33,7 +33,7 @@ import {
 } from '../recipients/recipients.ts';
 import {
   awaitConfirmation, awaitSettlement, insertTransaction, insertTransactionsSql, recordTransactionFailed, registerSettlementRule,
-  type NewTransaction, type TransactionRow,
+  sendUntilTaken, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
 import {
   WALLET_SELECT, archivedError, assertNotArchived, lockWallet, sessionExpiredError, sessionTokenInvalid, walletNotFound, type WalletRow,
@@ -625,34 +625,6 @@ async function send(ctx: Ctx, prepared: PreparedTransaction, recorded: Transacti
     .catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
   if (!ctx.chain.embedded) await taken.first;
   return recorded;
-}
-
-/** How often a payment whose send failed is sent again while this process waits for its outcome. */
-const RESEND_EVERY_MS = 1_000;
-
-/**
- * Sends a payment's transaction; a send that fails (a chain that did not answer for a moment) is
- * made again each second, the same bytes, which the chain runs at most once, until one is taken,
- * the wait for the payment's outcome is over (`waiting.over`) or `untilMs` (performance.now())
- * passes. `first` resolves with the first send. A payment never taken fails when its blockhash
- * expires, its amount given back; without the sends again, a chain back within a second still
- * never saw it.
- */
-function sendUntilTaken(ctx: Ctx, prepared: PreparedTransaction, waiting: { over: boolean }, untilMs: number): { first: Promise<boolean> } {
-  const attempt = () => ctx.chain.submit(prepared).then(() => true, (error: unknown) => {
-    // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
-    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a payment failed');
-    return false;
-  });
-  const first = attempt();
-  void first.then(async (taken) => {
-    while (!taken && performance.now() + RESEND_EVERY_MS < untilMs) {
-      await new Promise((resolve) => setTimeout(resolve, RESEND_EVERY_MS));
-      if (waiting.over) return;
-      taken = await attempt();
-    }
-  });
-  return { first };
 }
 
 async function reload(q: Queryable, txId: string): Promise<TransactionRow> {

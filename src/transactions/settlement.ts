@@ -13,7 +13,7 @@
  * batch locks the organisations whose reserve it moves before any wallet.
  */
 import type { Signature } from '@solana/kit';
-import type { TransactionOutcome } from '../chain/client.ts';
+import type { PreparedTransaction, TransactionOutcome } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { GroupCommit } from '../db/group-commit.ts';
 import { Params } from '../db/params.ts';
@@ -337,6 +337,36 @@ async function outcomeWithin(ctx: Pick<AppContext, 'chain'>, signature: string, 
   } catch {
     return null;
   }
+}
+
+/** How often a transaction whose send failed is sent again while this process waits for its outcome. */
+const RESEND_EVERY_MS = 1_000;
+
+/**
+ * Sends a recorded transaction (a payment, a funding, a withdrawal); a send that fails (a chain
+ * that did not answer for a moment) is made again each second, the same bytes, which the chain
+ * runs at most once, until one is taken, the wait for its outcome is over (`waiting.over`, set
+ * by the caller) or `untilMs` (performance.now()) passes. `first` resolves with whether the first
+ * send was taken. One never taken fails when its blockhash expires, its amount given back;
+ * without the sends again, a chain back within a second still never saw it.
+ */
+export function sendUntilTaken(
+  ctx: Pick<AppContext, 'chain' | 'log'>, prepared: PreparedTransaction, waiting: { over: boolean }, untilMs: number,
+): { first: Promise<boolean> } {
+  const attempt = () => ctx.chain.submit(prepared).then(() => true, (error: unknown) => {
+    // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
+    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a transaction failed');
+    return false;
+  });
+  const first = attempt();
+  void first.then(async (taken) => {
+    while (!taken && performance.now() + RESEND_EVERY_MS < untilMs) {
+      await new Promise((resolve) => setTimeout(resolve, RESEND_EVERY_MS));
+      if (waiting.over) return;
+      taken = await attempt();
+    }
+  });
+  return { first };
 }
 
 /** Waits for the chain's outcome and settles; null when it did not come in time (the reconciler will). */

@@ -80,6 +80,33 @@ describe('funding and withdrawal', () => {
     await assertIndexEqualsChainAndConserved(t);
   });
 
+  // Guarantee: a funding or withdrawal whose send the chain did not take (it did not answer for
+  // a moment) is sent again while the service waits for it, and lands.
+  test('a funding and a withdrawal whose first send fails are sent again and confirmed', async () => {
+    await deposit(t, '10');
+    const wallet = await newWallet(t);
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    const failOnce = () => {
+      chain.submit = async (...args: Parameters<typeof submit>) => {
+        chain.submit = submit;
+        throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:8899'), { code: 'ECONNREFUSED' });
+      };
+    };
+    try {
+      failOnce();
+      const funded = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '3', currency: 'USDC' } });
+      assert.deepEqual([funded.status, funded.body.status], [200, 'confirmed'], JSON.stringify(funded.body));
+      failOnce();
+      const withdrawn = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/withdraw`, { body: { amount: '1', currency: 'USDC' } });
+      assert.deepEqual([withdrawn.status, withdrawn.body.status], [200, 'confirmed'], JSON.stringify(withdrawn.body));
+    } finally {
+      chain.submit = submit;
+    }
+    assert.equal(await t.service.ctx.chain.getTokenBalance(address(wallet.token_account)), 2_000_000n);
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
   test('funding beyond the reserve, bad amounts and bad currencies change nothing', async () => {
     const wallet = await newWallet(t);
     const org = await t.request('GET', '/v1/organization');

@@ -15,7 +15,7 @@ import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
-import { awaitSettlement, insertTransaction, type TransactionRow } from '../transactions/settlement.ts';
+import { awaitSettlement, insertTransaction, sendUntilTaken, type TransactionRow } from '../transactions/settlement.ts';
 import { assertNotArchived, assertOrganizationReady, lockWallet, walletNotFound, type WalletRow } from './wallets.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -48,18 +48,10 @@ async function lockReserve(tx: Queryable, orgId: string): Promise<bigint> {
   return rows[0]!.reserve_balance;
 }
 
-async function send(ctx: Ctx, prepared: PreparedTransaction): Promise<void> {
-  try {
-    await ctx.chain.submit(prepared);
-  } catch (error) {
-    // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
-    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a transaction failed');
-  }
-}
-
 async function settle(ctx: Ctx, prepared: PreparedTransaction, recorded: TransactionRow[]): Promise<MoveResult> {
-  await send(ctx, prepared);
-  const settlement = await awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS);
+  const waiting = { over: false };
+  await sendUntilTaken(ctx, prepared, waiting, performance.now() + SETTLEMENT_WAIT_MS).first;
+  const settlement = await awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS).finally(() => { waiting.over = true; });
   const ids = recorded.map((row) => row.id);
   const rows = await ctx.db.query<TransactionRow>('SELECT * FROM transactions WHERE id = ANY($1) ORDER BY id', [ids]);
   return { transactions: rows, status: settlement === null ? 'pending' : settlement.outcome.err ? 'failed' : 'confirmed' };
@@ -139,7 +131,8 @@ export async function fundWallets(
     return rows;
   });
   if (options.wait === false) {
-    await send(ctx, prepared);
+    // Answered after the first send; one the chain did not take is made again in the background.
+    await sendUntilTaken(ctx, prepared, { over: false }, performance.now() + SETTLEMENT_WAIT_MS).first;
     return { transactions: recorded, status: 'pending' };
   }
   return settle(ctx, prepared, recorded);
