@@ -331,6 +331,28 @@ describe('test helpers where the chain is not the embedded validator', () => {
     }
   });
 
+  test('a standalone validator\'s clock behind the service\'s (set back by a restart) is brought up to it each second', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'av-standalone-'));
+    const validator = await LocalValidator.open({ dataDir: dir, slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
+    const rpc = await startRpcServer(validator, { port: 0 });
+    try {
+      const t = await startTestService({ env: { AGENT_VAULT_RPC_URL: rpc.url } });
+      try {
+        // The service's clock 3 minutes on; the validator not told, as after a restart that lost its downtime.
+        await (t.service.ctx.clock as unknown as { advanceBy(seconds: number): Promise<number> }).advanceBy(180);
+        assert.ok(validator.clockUnixTimestamp * 1000 < t.service.ctx.clock.nowMs() - 100_000, 'behind');
+        await t.service.jobs.runOnce();
+        assert.ok(validator.clockUnixTimestamp * 1000 >= t.service.ctx.clock.nowMs() - 5_000, 'caught up with the service');
+      } finally {
+        await t.close();
+      }
+    } finally {
+      await rpc.close();
+      await validator.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   test('are off when set off: 404 like any unknown route', async () => {
     const t = await startTestService({ env: { AGENT_VAULT_TEST_HELPERS: 'off' } });
     try {

@@ -663,6 +663,8 @@ export class LocalValidator {
   /** Moves the service clock forward to at least `unixMs` (never back) and the sysvar with it. */
   setTime(unixMs: number): void {
     if (!Number.isFinite(unixMs)) throw new RangeError('unixMs must be a number');
+    // Never back; and a time already passed writes nothing (the service sends its own each second).
+    if (unixMs <= this.#clock.nowMs()) return;
     if (this.#clock instanceof OffsetClock) this.#clock.setAtLeast(unixMs);
     else if (this.#clock instanceof ManualClock) this.#clock.set(Math.max(this.#clock.nowMs(), unixMs));
     else throw new Error('this validator\'s clock cannot be set');

@@ -24,7 +24,13 @@ export const JOBS: readonly Job[] = [
     name: CLOCK_REFRESH_JOB,
     intervalMs: 1_000,
     timeoutMs: 5_000,
-    run: (ctx) => ctx.clock.refresh(),
+    run: async (ctx) => {
+      await ctx.clock.refresh();
+      // A standalone local validator (`agent-vault validator`) keeps a clock of its own, which a
+      // restart sets back by the time it was down: brought up to the service's again (it never
+      // moves back), or escrow timeouts the service sees as due are refused as not yet expired.
+      if (!ctx.validator && ctx.cheatcodes) await ctx.cheatcodes.agentVault_setTime(ctx.clock.nowMs()).send();
+    },
   },
   {
     // Settles every pending chain transaction a request did not (crash, timeout, lost answer).
