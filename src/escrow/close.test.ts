@@ -276,6 +276,31 @@ describe('escrows.close', () => {
     assert.equal(await operatorLamports(), operatorBefore + rent - fees);
   });
 
+  // The guarantee: an account seen gone is not taken for a close that landed while the escrow's
+  // own noted close has no known outcome: a local validator shows accounts before it has saved the
+  // slot that changed them, and a close lost with that slot would leave the rent on chain for ever.
+  test('an account gone while the noted close has no outcome yet is recorded closed only once that close is known or can no longer land', async () => {
+    await drain();
+    const from = await fundedWallet(t, '20');
+    const to = await fundedWallet(t, '1');
+    const { released } = await settledEscrows(from, to);
+    const { chain, db } = t.service.ctx;
+    // The account closed on chain; the row notes a close whose outcome the chain cannot tell yet
+    // (here, one never sent), still able to land, and the claim free for a run to take.
+    assert.equal((await chain.execute([await chain.escrowCloseIx(released)])).err, null);
+    const unknown = (await chain.prepare([await chain.escrowCloseIx(released)])).signature;
+    await db.query(
+      `UPDATE escrows SET chain_closed_at = NULL, chain_close_signature = $2, chain_close_valid_height = $3, chain_close_claimed_until = NULL
+       WHERE id = $1`, [released, unknown, (await chain.getBlockHeight()) + 100n]);
+    await closeSettledEscrows(t.service.ctx); // the other two escrows are closed; this one waits
+    assert.equal((await closeRows([released]))[0]!.chain_closed_at, null, 'not recorded while its close may still be lost or land');
+    // Past its blockhash's life (and the margin): the account gone is the escrow's closed state.
+    await db.query('UPDATE escrows SET chain_close_valid_height = $2 WHERE id = $1',
+      [released, (await chain.getBlockHeight()) - EXPIRY_MARGIN_BLOCKS - 1n]);
+    assert.deepEqual(await closeSettledEscrows(t.service.ctx), { closed: 1, refused: 0 });
+    assert.notEqual((await closeRows([released]))[0]!.chain_closed_at, null);
+  });
+
   // The guarantee: a program that refuses the close for good (one deployed before EscrowClose: a
   // local validator keeps the program its data dir was created with) costs one attempt per escrow,
   // logged once, and the job stops trying for it.

@@ -111,7 +111,10 @@ async function closesToSend(ctx: Ctx, claimed: readonly ClaimedEscrow[], run: Es
   const landing = new Set(noted.filter((escrow, i) => outcomes[i] === null
     && height <= escrow.chain_close_valid_height! + EXPIRY_MARGIN_BLOCKS).map((escrow) => escrow.id));
   const owned = await ctx.chain.getProgramOwned(claimed.map((escrow) => address(escrow.chain_address)));
-  run.closed += await recordClosed(ctx, claimed.filter((_, i) => !owned[i]).map((escrow) => escrow.id));
+  // An account gone is recorded closed, unless by a close whose outcome is not known yet: a local
+  // validator shows its accounts before the slot that changed them is saved, and a close lost
+  // with it would leave the escrow recorded closed, its rent for ever on chain. A later run sees.
+  run.closed += await recordClosed(ctx, claimed.filter((escrow, i) => !owned[i] && !landing.has(escrow.id)).map((escrow) => escrow.id));
   return claimed.filter((escrow, i) => owned[i] && !landing.has(escrow.id));
 }
 
@@ -161,11 +164,16 @@ async function sendCloses(ctx: Ctx, group: readonly ClaimedEscrow[], sending: Se
       'an escrow close failed on chain; a later run tries again');
   } else if (await recordRefused(ctx, escrow!.id, outcome.err.name)) {
     run.refused += 1;
-    ctx.log.warn({ escrowId: escrow!.id, escrowAddress: escrow!.chain_address, signature: prepared.signature, error: outcome.err.name },
-      outcome.err.name === 'InvalidInstruction'
+    const fields = { escrowId: escrow!.id, escrowAddress: escrow!.chain_address, signature: prepared.signature, error: outcome.err.name };
+    if (outcome.err.name === 'InvalidEscrowState') {
+      // Settled in the database, not on chain: not a matter of rent.
+      ctx.log.error(fields, 'the chain says a settled escrow is not settled: the database and the chain disagree; not closed');
+    } else {
+      ctx.log.warn(fields, outcome.err.name === 'InvalidInstruction'
         ? 'the deployed program does not know EscrowClose (a local validator keeps the program its data dir was created with): '
-          + 'this escrow\'s accounts stay open, their rent with them; not tried again'
+          + 'this escrow\'s accounts stay open, their rent with them; not tried again (docs/operations.md)'
         : 'the program refused to close a settled escrow\'s accounts: they stay open, their rent with them; not tried again');
+    }
   }
 }
 

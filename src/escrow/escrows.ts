@@ -577,11 +577,15 @@ const RESEND_AFTER_MS = 2_000;
  * that came back within a second would otherwise see it only after the escrow's expiry).
  */
 export async function resendEscrowMoves(ctx: Ctx): Promise<void> {
+  const before = new Date(ctx.clock.nowMs() - RESEND_AFTER_MS);
+  // The chain is asked only when a move has been in flight that long (an idle process asks nothing).
+  const [any] = await ctx.db.query('SELECT 1 FROM escrows WHERE closing IS NOT NULL AND closing_wire IS NOT NULL AND updated_at <= $1 LIMIT 1', [before]);
+  if (!any) return;
   const height = await ctx.chain.getBlockHeight();
   const inFlight = await ctx.db.query<{ id: string; closing_signature: string; closing_wire: string; closing_valid_height: bigint }>(
     `SELECT id, closing_signature, closing_wire, closing_valid_height FROM escrows
      WHERE closing IS NOT NULL AND closing_wire IS NOT NULL AND updated_at <= $1 AND closing_valid_height >= $2
-     ORDER BY updated_at LIMIT ${TICK_BATCH_MAX}`, [new Date(ctx.clock.nowMs() - RESEND_AFTER_MS), height]);
+     ORDER BY updated_at LIMIT ${TICK_BATCH_MAX}`, [before, height]);
   await Promise.all(inFlight.map((row) => ctx.chain.submit({
     signature: row.closing_signature as Signature, wire: row.closing_wire as PreparedTransaction['wire'],
     lastValidBlockHeight: row.closing_valid_height,

@@ -353,17 +353,23 @@ const RESEND_EVERY_MS = 1_000;
 export function sendUntilTaken(
   ctx: Pick<AppContext, 'chain' | 'log'>, prepared: PreparedTransaction, waiting: { over: boolean }, untilMs: number,
 ): { first: Promise<boolean> } {
-  const attempt = () => ctx.chain.submit(prepared).then(() => true, (error: unknown) => {
-    // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
-    ctx.log.warn({ err: error, signature: prepared.signature }, 'submitting a transaction failed');
+  // Not sent, or sent without an answer: the signature is recorded, the reconciler will know.
+  // The first failure is logged; the sends again only when one is taken (an outage would
+  // otherwise log twenty lines a transaction).
+  const attempt = () => ctx.chain.submit(prepared).then(() => true, (error: unknown) => error);
+  const first = attempt().then((result) => {
+    if (result === true) return true;
+    ctx.log.warn({ err: result, signature: prepared.signature }, 'submitting a transaction failed; sent again each second while awaited');
     return false;
   });
-  const first = attempt();
   void first.then(async (taken) => {
+    let attempts = 1;
     while (!taken && performance.now() + RESEND_EVERY_MS < untilMs) {
       await new Promise((resolve) => setTimeout(resolve, RESEND_EVERY_MS));
       if (waiting.over) return;
-      taken = await attempt();
+      attempts += 1;
+      taken = (await attempt()) === true;
+      if (taken) ctx.log.info({ signature: prepared.signature, attempts }, 'a transaction whose send failed was taken when sent again');
     }
   });
   return { first };
