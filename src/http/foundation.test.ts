@@ -310,17 +310,15 @@ describe('test helpers', () => {
 });
 
 describe('test helpers where the chain is not the embedded validator', () => {
-  test('are on by default against `agent-vault validator` at AGENT_VAULT_RPC_URL', async () => {
+  /** A service whose chain is a standalone validator (as `agent-vault validator`), in this process. */
+  async function withStandaloneValidator(work: (t: TestService, validator: LocalValidator) => Promise<void>): Promise<void> {
     const dir = mkdtempSync(join(tmpdir(), 'av-standalone-'));
     const validator = await LocalValidator.open({ dataDir: dir, slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
     const rpc = await startRpcServer(validator, { port: 0 });
     try {
       const t = await startTestService({ env: { AGENT_VAULT_RPC_URL: rpc.url } });
       try {
-        const deposit = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '2.5' } });
-        assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
-        const org = await t.request('GET', '/v1/organization');
-        assert.equal(org.body.reserve.usdc_balance, '2.50');
+        await work(t, validator);
       } finally {
         await t.close();
       }
@@ -329,29 +327,23 @@ describe('test helpers where the chain is not the embedded validator', () => {
       await validator.close();
       rmSync(dir, { recursive: true, force: true });
     }
-  });
+  }
 
-  test('a standalone validator\'s clock behind the service\'s (set back by a restart) is brought up to it each second', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'av-standalone-'));
-    const validator = await LocalValidator.open({ dataDir: dir, slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
-    const rpc = await startRpcServer(validator, { port: 0 });
-    try {
-      const t = await startTestService({ env: { AGENT_VAULT_RPC_URL: rpc.url } });
-      try {
-        // The service's clock 3 minutes on; the validator not told, as after a restart that lost its downtime.
-        await (t.service.ctx.clock as unknown as { advanceBy(seconds: number): Promise<number> }).advanceBy(180);
-        assert.ok(validator.clockUnixTimestamp * 1000 < t.service.ctx.clock.nowMs() - 100_000, 'behind');
-        await t.service.jobs.runOnce();
-        assert.ok(validator.clockUnixTimestamp * 1000 >= t.service.ctx.clock.nowMs() - 5_000, 'caught up with the service');
-      } finally {
-        await t.close();
-      }
-    } finally {
-      await rpc.close();
-      await validator.close();
-      rmSync(dir, { recursive: true, force: true });
-    }
-  });
+  test('are on by default against `agent-vault validator` at AGENT_VAULT_RPC_URL', () => withStandaloneValidator(async (t) => {
+    const deposit = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '2.5' } });
+    assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
+    const org = await t.request('GET', '/v1/organization');
+    assert.equal(org.body.reserve.usdc_balance, '2.50');
+  }));
+
+  test('a standalone validator\'s clock behind the service\'s (set back by a restart) is brought up to it each second',
+    () => withStandaloneValidator(async (t, validator) => {
+      // The service's clock 3 minutes on; the validator not told, as after a restart that lost its downtime.
+      await (t.service.ctx.clock as unknown as { advanceBy(seconds: number): Promise<number> }).advanceBy(180);
+      assert.ok(validator.clockUnixTimestamp * 1000 < t.service.ctx.clock.nowMs() - 100_000, 'behind');
+      await t.service.jobs.runOnce();
+      assert.ok(validator.clockUnixTimestamp * 1000 >= t.service.ctx.clock.nowMs() - 5_000, 'caught up with the service');
+    }));
 
   test('are off when set off: 404 like any unknown route', async () => {
     const t = await startTestService({ env: { AGENT_VAULT_TEST_HELPERS: 'off' } });
