@@ -281,7 +281,8 @@ const HELP_FLAGS = new Set(['--help', '-h']);
 
 export async function main(argv: string[]): Promise<number> {
   const [given = 'help', ...args] = argv;
-  const name = HELP_FLAGS.has(given) ? 'help' : given;
+  // `agent-vault keys --help` too: the usage covers every command.
+  const name = HELP_FLAGS.has(given) || (Object.hasOwn(commands, given) && args.some((arg) => HELP_FLAGS.has(arg))) ? 'help' : given;
   const command = commands[name];
   if (!command) {
     console.error(`unknown command "${name}"\n\n${USAGE}`);

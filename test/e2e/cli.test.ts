@@ -119,7 +119,7 @@ describe('agent-vault operator commands', () => {
   test('bad arguments and a missing database: exit 2 with one clear line on stderr, nothing created', async () => {
     // None of these opens a database, so they run side by side.
     const emptyEnv = cliEnv(emptyDir, null);
-    const [noRole, noId, twoIds, unknownOption, noName, unknownSub, noDatabase, unknownCommand, help, dashHelp, h] = await Promise.all([
+    const [noRole, noId, twoIds, unknownOption, noName, unknownSub, noDatabase, unknownCommand, help, dashHelp, h, keysHelp] = await Promise.all([
       runCli(['keys', 'create'], env),
       runCli(['keys', 'revoke'], env),
       runCli(['keys', 'revoke', 'key_a', 'key_b'], env),
@@ -131,6 +131,7 @@ describe('agent-vault operator commands', () => {
       runCli(['help'], env),
       runCli(['--help'], env),
       runCli(['-h'], env),
+      runCli(['keys', '--help'], env),
     ]);
     assertRefused(noRole!, 'keys create', /expected: agent-vault keys create --role <role>/);
     assertRefused(noId!, 'keys revoke', /expected: agent-vault keys revoke <api_key_id>/);
@@ -148,7 +149,7 @@ describe('agent-vault operator commands', () => {
     // --help and -h are what operators type by habit: the usage, as `help` prints it, exit 0.
     assert.equal(help!.code, 0, help!.stderr);
     assert.match(help!.stdout, /^Usage: agent-vault <command>/);
-    for (const outcome of [dashHelp!, h!]) assert.deepEqual(outcome, { ...help!, ms: outcome.ms });
+    for (const outcome of [dashHelp!, h!, keysHelp!]) assert.deepEqual(outcome, { ...help!, ms: outcome.ms });
   });
 
   test('a port already taken: exit 1 with one line saying so, no stack; a database that does not answer: migrate refuses, exit 2', async () => {
