@@ -35,7 +35,10 @@ export interface EscrowCloseLimits {
    * close costs ~3,100 compute units.
    */
   perTransactionMax: number;
-  /** How long a claim holds: past the job's timeout, so a run never outlives its claims. */
+  /**
+   * How long a claim holds: past the job's timeout. A run that outlives it (the runner reports a
+   * late run, never stops it) sends nothing more: each close is noted only under a claim still held.
+   */
   claimMs: number;
   /** A run sends no new close after this, so it ends within the job's timeout. */
   runBudgetMs: number;
