@@ -104,14 +104,18 @@ describe('escrows.close', () => {
   const drain = async () => {
     for (let i = 0; i < 10 && (await closeSettledEscrows(t.service.ctx)).closed > 0; i += 1);
   };
+  /** A test's own escrows, settled each way, between two new vaults; every earlier one closed first. */
+  const freshSettled = async () => {
+    await drain();
+    const from = await fundedWallet(t, '20');
+    const to = await fundedWallet(t, '1');
+    return { from, to, escrows: await settledEscrows(from, to) };
+  };
 
   // The guarantee: the rent of a settled escrow's accounts goes back to the operator key, to the
   // lamport (less the closing transaction's fee), and an escrow still holding money is never touched.
   test('released, refunded and resolved escrows: after the job both accounts are gone and the operator has their rent back; a locked one is left alone; a second run does nothing', async () => {
-    await drain();
-    const from = await fundedWallet(t, '20');
-    const to = await fundedWallet(t, '1');
-    const settled = await settledEscrows(from, to);
+    const { from, to, escrows: settled } = await freshSettled();
     const locked = await open(from, to, { timeoutSeconds: 30 * 24 * 3600 });
     const ids = Object.values(settled);
     const rent = (await Promise.all(ids.map(rentOf))).reduce((sum, each) => sum + each, 0n);
@@ -193,10 +197,7 @@ describe('escrows.close', () => {
   // The guarantee: several processes running the job never send the same close (the second would
   // fail on chain, a fee for nothing): an escrow a run has claimed is not another run's.
   test('two runs at once, the first still between its claim and its close: the second takes none of its escrows, nothing is sent twice', async () => {
-    await drain();
-    const from = await fundedWallet(t, '20');
-    const to = await fundedWallet(t, '1');
-    const ids = Object.values(await settledEscrows(from, to));
+    const ids = Object.values((await freshSettled()).escrows);
     const hold = holdFirstRead();
     try {
       const first = closeSettledEscrows(t.service.ctx);
@@ -213,10 +214,7 @@ describe('escrows.close', () => {
   // The guarantee: a run stalled past its claim (a process paused, a slow chain) sends nothing
   // once another run has taken its escrows over; the one that took them closes them.
   test('a run whose claim lapsed while it was held sends nothing; the run that took its escrows over closes them', async () => {
-    await drain();
-    const from = await fundedWallet(t, '20');
-    const to = await fundedWallet(t, '1');
-    const ids = Object.values(await settledEscrows(from, to));
+    const ids = Object.values((await freshSettled()).escrows);
     const hold = holdFirstRead();
     try {
       const stalled = closeSettledEscrows(t.service.ctx);
@@ -236,10 +234,7 @@ describe('escrows.close', () => {
   // transaction; one whose close was noted but never sent is sent again only once that close can
   // no longer land.
   test('after a crash: an account already gone counts as closed; a close noted and not sent is sent again only once it can no longer land', async () => {
-    await drain();
-    const from = await fundedWallet(t, '20');
-    const to = await fundedWallet(t, '1');
-    const { released, refunded, resolved } = await settledEscrows(from, to);
+    const { released, refunded, resolved } = (await freshSettled()).escrows;
     const { chain, db } = t.service.ctx;
 
     // Closed on chain by a run that died before recording it.
@@ -280,10 +275,7 @@ describe('escrows.close', () => {
   // own noted close has no known outcome: a local validator shows accounts before it has saved the
   // slot that changed them, and a close lost with that slot would leave the rent on chain for ever.
   test('an account gone while the noted close has no outcome yet is recorded closed only once that close is known or can no longer land', async () => {
-    await drain();
-    const from = await fundedWallet(t, '20');
-    const to = await fundedWallet(t, '1');
-    const { released } = await settledEscrows(from, to);
+    const { released } = (await freshSettled()).escrows;
     const { chain, db } = t.service.ctx;
     // The account closed on chain; the row notes a close whose outcome the chain cannot tell yet
     // (here, one never sent), still able to land, and the claim free for a run to take.
@@ -305,10 +297,7 @@ describe('escrows.close', () => {
   // local validator keeps the program its data dir was created with) costs one attempt per escrow,
   // logged once, and the job stops trying for it.
   test('a program that does not know the instruction: the close is recorded as not possible, logged once per escrow, never sent again', async () => {
-    await drain();
-    const from = await fundedWallet(t, '20');
-    const to = await fundedWallet(t, '1');
-    const ids = Object.values(await settledEscrows(from, to));
+    const ids = Object.values((await freshSettled()).escrows);
     const { chain, log } = t.service.ctx;
     // The first tag the program does not know, as an older program does not know EscrowClose's.
     const escrowCloseIx = chain.escrowCloseIx;
