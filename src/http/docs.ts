@@ -82,16 +82,20 @@ export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
     const stored = documents.get(request.routeOptions.url ?? '');
     return stored ? sendStored(request, reply, stored) : null;
   };
-  app.addHook('onSend', async (request, reply, payload) => {
-    const url = request.routeOptions.url;
-    if ((url === '/docs/json' || url === '/docs/yaml') && reply.statusCode === 200 && !documents.has(url) && typeof payload === 'string') {
-      documents.set(url, storedDocument(payload, String(reply.getHeader('content-type') ?? 'application/json')));
-    }
-    return payload;
-  });
-  await app.register(swaggerUi, {
-    routePrefix: '/docs', staticCSP: true,
-    uiHooks: { onRequest: async (request: FastifyRequest, reply: FastifyReply) => served(request, reply) ?? undefined },
+  // The reference's routes in a scope of their own, so that the hook keeping their copies runs
+  // for them alone, not for every request of the API.
+  await app.register(async (scope) => {
+    scope.addHook('onSend', async (request, reply, payload) => {
+      const url = request.routeOptions.url;
+      if ((url === '/docs/json' || url === '/docs/yaml') && reply.statusCode === 200 && !documents.has(url) && typeof payload === 'string') {
+        documents.set(url, storedDocument(payload, String(reply.getHeader('content-type') ?? 'application/json')));
+      }
+      return payload;
+    });
+    await scope.register(swaggerUi, {
+      routePrefix: '/docs', staticCSP: true,
+      uiHooks: { onRequest: async (request: FastifyRequest, reply: FastifyReply) => served(request, reply) ?? undefined },
+    });
   });
   app.get('/openapi.json', { schema: { hide: true } }, async (request, reply) => {
     if (!documents.has('/openapi.json')) documents.set('/openapi.json', storedDocument(JSON.stringify(app.swagger()), 'application/json; charset=utf-8'));
