@@ -26,6 +26,8 @@ export interface Config {
   walletsPerOrgMax: number;
   /** API keys an organisation may have that are not revoked (each has its own rate limit) */
   apiKeysPerOrgMax: number;
+  /** policies an organisation may have that are not deleted (each is a chain account) */
+  policiesPerOrgMax: number;
   /** how long a client has to send a whole request, headers and body (over: 408, connection closed) */
   requestTimeoutSeconds: number;
   /** HTTP connections open at once; further ones are closed as they arrive */
@@ -134,6 +136,7 @@ export function loadConfig(env: Env = process.env): Config {
     rateLimitPerMinute: integer(env, 'AGENT_VAULT_RATE_LIMIT_PER_MINUTE', 1200, 1, 1_000_000),
     walletsPerOrgMax: integer(env, 'AGENT_VAULT_WALLETS_PER_ORG_MAX', 10_000, 1, 10_000_000),
     apiKeysPerOrgMax: integer(env, 'AGENT_VAULT_API_KEYS_PER_ORG_MAX', 1_000, 1, 1_000_000),
+    policiesPerOrgMax: integer(env, 'AGENT_VAULT_POLICIES_PER_ORG_MAX', 1_000, 1, 1_000_000),
     requestTimeoutSeconds: integer(env, 'AGENT_VAULT_REQUEST_TIMEOUT_SECONDS', 30, 1, 600),
     maxConnections: integer(env, 'AGENT_VAULT_MAX_CONNECTIONS', 10_000, 1, 1_000_000),
     operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),

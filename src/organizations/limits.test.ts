@@ -1,7 +1,7 @@
 /**
- * How many vaults and API keys an organisation may have (AGENT_VAULT_WALLETS_PER_ORG_MAX,
- * AGENT_VAULT_API_KEYS_PER_ORG_MAX; here 3 of each): the next creation is refused and creates
- * nothing; archiving or revoking makes room; creations side by side never go over; another
+ * How many vaults, API keys and policies an organisation may have (AGENT_VAULT_WALLETS_PER_ORG_MAX,
+ * AGENT_VAULT_API_KEYS_PER_ORG_MAX, AGENT_VAULT_POLICIES_PER_ORG_MAX; here 3 of each): the next
+ * creation is refused and creates nothing; archiving, revoking or deleting makes room; creations side by side never go over; another
  * organisation has its own count.
  */
 import assert from 'node:assert/strict';
@@ -11,7 +11,7 @@ import { startTestService, type TestService } from '../../test/harness.ts';
 describe('counts per organisation', () => {
   let t: TestService;
   before(async () => {
-    t = await startTestService({ env: { AGENT_VAULT_WALLETS_PER_ORG_MAX: '3', AGENT_VAULT_API_KEYS_PER_ORG_MAX: '3' } });
+    t = await startTestService({ env: { AGENT_VAULT_WALLETS_PER_ORG_MAX: '3', AGENT_VAULT_API_KEYS_PER_ORG_MAX: '3', AGENT_VAULT_POLICIES_PER_ORG_MAX: '3' } });
   });
   after(async () => { await t.close(); });
 
@@ -55,5 +55,26 @@ describe('counts per organisation', () => {
     const { createKeyCommand } = await import('../api-keys/command.ts');
     await createKeyCommand({ db: t.service.ctx.db, clock: t.service.ctx.clock }, { role: 'admin', org: org.orgId });
     assert.equal(await keys(), 5, 'the operator can always add a key');
+  });
+
+  test('policies: creations and clones side by side stop at the limit; presets do not count; deleting makes room', async () => {
+    const org = await t.createOrganization('Policy hoarder');
+    const create = (name: string) => t.request('POST', '/v1/policies', { key: org.adminKey, body: { name, maxPerTx: '1000000' } });
+    const clone = (name: string) => t.request('POST', '/v1/policies/pol_conservative/clone', { key: org.adminKey, body: { name } });
+    const answers = await Promise.all([create('p1'), create('p2'), clone('c1'), clone('c2'), create('p3')]);
+    assert.deepEqual(answers.map((a) => a.status).sort(), [200, 200, 200, 400, 400], JSON.stringify(answers.map((a) => a.body)));
+    const refused = answers.find((a) => a.status === 400)!;
+    assert.equal(refused.body.error.code, 'invalid_request');
+    assert.match(refused.body.error.message, /limit of 3 policies: delete policies no vault uses/);
+    const policies = () => countOf('SELECT count(*)::int AS n FROM policies WHERE org_id = $1 AND NOT is_preset', org.orgId);
+    assert.equal(await policies(), 3, 'nothing created by the refused ones');
+    const listed = await t.request('GET', '/v1/policies?limit=100', { key: org.adminKey });
+    assert.ok(listed.body.data.some((p: { policy_id: string }) => p.policy_id === 'pol_conservative'), 'presets are still listed');
+    const made = answers.find((a) => a.status === 200)!.body as { policy_id: string };
+    assert.equal((await t.request('DELETE', `/v1/policies/${made.policy_id}`, { key: org.adminKey })).status, 200);
+    assert.equal((await create('p4')).status, 200, 'a deleted policy leaves room');
+    assert.equal((await clone('c3')).status, 400);
+    assert.equal((await t.request('POST', '/v1/policies', { body: { name: 'elsewhere', maxPerTx: '1000000' } })).status, 200,
+      'another organisation counts its own');
   });
 });

@@ -21,6 +21,7 @@ import { recordEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
+import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import { formatUsdc } from '../money/money.ts';
 import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
 import { diffFields, eventChanges, type Changes, type PolicyFields } from './fields.ts';
@@ -59,7 +60,7 @@ export interface Actor {
   keyId: string;
 }
 
-type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
+type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log' | 'config'>;
 
 /** What `rulesOf` reads, of a policy joined as `p` (the recording of payments reads it with the vaults). */
 export const RULE_COLUMNS = `p.max_per_tx, p.max_per_day, p.max_per_month, p.velocity_cap, p.allowed_recipients,
@@ -285,6 +286,12 @@ function assertMutable(row: PolicyRow): void {
 async function insertPolicy(
   ctx: Ctx, tx: Queryable, actor: Actor, fields: PolicyFields, clonedFrom: string | null,
 ): Promise<{ policyId: string; claimedUntil: Date }> {
+  await lockOrganization(tx, actor.orgId);
+  await assertBelowCount(tx, actor.orgId, {
+    noun: 'policies', countSql: 'SELECT count(*)::int AS n FROM policies WHERE org_id = $1 AND NOT is_preset AND deleted_at IS NULL',
+    max: ctx.config.policiesPerOrgMax,
+    advice: 'delete policies no vault uses, or ask the operator (AGENT_VAULT_POLICIES_PER_ORG_MAX).',
+  });
   const atMs = ctx.clock.nowMs();
   const policyId = newId('pol', atMs);
   const chainAddress = await ctx.chain.policyAddress(actor.orgId, policyId);
