@@ -53,9 +53,24 @@ function documented({ schema, url, route }: { schema: Record<string, any>; url: 
   };
 }
 
+/**
+ * A POST whose body has no required field may be sent without one (it is then `{}`: app.ts), so
+ * its request body is optional in the document; @fastify/swagger marks every body required.
+ * A PATCH keeps it: it needs at least one field.
+ */
+function optionalBodies({ openapiObject }: { openapiObject: Record<string, any> }): Record<string, any> {
+  for (const item of Object.values(openapiObject.paths ?? {}) as Array<Record<string, any>>) {
+    const body = item.post?.requestBody;
+    const schema = body?.content?.['application/json']?.schema;
+    if (schema && !(schema.required?.length > 0)) body.required = false;
+  }
+  return openapiObject;
+}
+
 export async function registerDocs(app: App, _ctx: AppContext): Promise<void> {
   await app.register(swagger, {
     transform: documented,
+    transformObject: optionalBodies as never,
     openapi: {
       openapi: '3.1.0',
       info: {

@@ -207,6 +207,13 @@ describe('HTTP foundation', () => {
       'optional: an admin key pays without a session token, and any request without an idempotency key');
     assert.ok(openapi.body.paths['/v1/transactions/exports/{export_id}/download'].get.responses['200'], 'a route without a response schema keeps its 200');
     assert.deepEqual(headerNames(openapi.body.paths['/v1/organization'].get), []);
+    // A POST whose fields are all optional is answered without a body, and documented so.
+    for (const path of ['/v1/payments/{tx_id}/approve', '/v1/payments/{tx_id}/reject', '/v1/wallets/{wallet_id}/rotate-token',
+      '/v1/webhooks/{webhook_id}/test', '/v1/webhooks/{webhook_id}/rotate-secret', '/v1/payments/a2a/{escrow_id}/decline']) {
+      assert.equal(openapi.body.paths[path].post.requestBody.required, false, `${path}: its body is optional`);
+    }
+    assert.equal(pay.requestBody.required, true, 'a payment needs its fields');
+    assert.equal(openapi.body.paths['/v1/policies/{policy_id}'].patch.requestBody.required, true, 'a PATCH needs one field');
     assert.ok(openapi.body.paths['/v1/organization'].get.responses['4XX'], 'every operation');
     // Made once and kept: the same bytes each time, gzipped for a client that takes it, and a
     // client holding them is told so by their ETag (one per coding).
