@@ -69,6 +69,49 @@ describe('wallets', () => {
     assert.equal(again.body.error.code, 'wallet_agent_id_conflict');
   });
 
+  test('the same agent\'s vault asked for by several requests at once, without an idempotency key: one creates it, the others are told it exists', async () => {
+    const agentId = nextAgent();
+    const answers = await Promise.all(Array.from({ length: 5 }, () =>
+      t.request('POST', '/v1/wallets', { body: { agentId, label: 'Research agent', policyId: 'pol_moderate' } })));
+    assert.deepEqual(answers.map((a) => a.status).sort(), [200, 409, 409, 409, 409], JSON.stringify(answers.map((a) => a.body)));
+    for (const refused of answers.filter((a) => a.status === 409)) {
+      assert.equal(refused.body.error.code, 'wallet_agent_id_conflict');
+      assert.equal(refused.body.error.param, 'agent_id');
+    }
+    const rows = await t.service.ctx.db.query<{ id: string }>('SELECT id FROM wallets WHERE agent_id = $1', [agentId]);
+    assert.deepEqual(rows.map((r) => r.id), [answers.find((a) => a.status === 200)!.body.wallet_id]);
+  });
+
+  test('a creation answered 503 (its vault not created on chain) is resumed by the same request sent again, not by another one', async () => {
+    const agentId = nextAgent();
+    const body = { agentId, label: 'Research agent', policyId: 'pol_moderate' };
+    const chain = t.service.ctx.chain;
+    const { submit, waitForOutcome } = chain;
+    // The chain refuses the vault's creation once: the request answers 503 and its wallet row stays.
+    chain.submit = async () => { chain.submit = submit; };
+    chain.waitForOutcome = async (signature) => {
+      chain.waitForOutcome = waitForOutcome;
+      return { signature, slot: 0n, err: { instructionIndex: 0, code: 1, name: 'RefusedForTheTest', raw: null } };
+    };
+    let first;
+    try {
+      first = await t.request('POST', '/v1/wallets', { body });
+    } finally {
+      chain.submit = submit;
+      chain.waitForOutcome = waitForOutcome;
+    }
+    assert.equal(first.status, 503, JSON.stringify(first.body));
+    assert.equal(first.body.error.code, 'service_unavailable');
+    const other = await t.request('POST', '/v1/wallets', { body: { ...body, label: 'Another agent' } });
+    assert.equal(other.body.error.code, 'wallet_agent_id_conflict', 'other parameters are another request');
+    const again = await t.request('POST', '/v1/wallets', { body });
+    assert.equal(again.status, 200, JSON.stringify(again.body));
+    assert.ok(await t.service.ctx.chain.getVault(address(again.body.chain_address)), 'its vault is on chain');
+    const rows = await t.service.ctx.db.query<{ id: string }>('SELECT id FROM wallets WHERE agent_id = $1', [agentId]);
+    assert.deepEqual(rows.map((r) => r.id), [again.body.wallet_id], 'the same wallet, resumed');
+    assert.equal((await t.request('POST', '/v1/wallets', { body })).body.error.code, 'wallet_agent_id_conflict', 'once created, a conflict');
+  });
+
   test('bad input is refused with the field named, and creates nothing', async () => {
     const before = await t.service.ctx.db.query<{ n: bigint }>('SELECT count(*)::bigint AS n FROM wallets');
     const cases: Array<[Record<string, unknown>, number, string, string]> = [

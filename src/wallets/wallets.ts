@@ -318,27 +318,46 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
         advice: 'archive vaults no longer used (their balance must be zero), or ask the operator (AGENT_VAULT_WALLETS_PER_ORG_MAX).',
       });
     }
+    const creatingUntil = new Date(nowMs + CREATING_HOLD_MS);
     const inserted = await tx.query<{ id: string }>(
-      `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, created_at, updated_at)
-       VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9, $9) ON CONFLICT (org_id, agent_id) DO NOTHING RETURNING id`,
-      [newId('wal', nowMs), orgId, input.agentId, input.label, input.policyId, tags, vault, vaultToken, new Date(nowMs)]);
+      `INSERT INTO wallets (id, org_id, agent_id, label, policy_id, tags, status, chain_address, token_address, creating_until, created_at, updated_at)
+       VALUES ($1, $2, $3, $4, $5, $6, 'active', $7, $8, $9, $10, $10) ON CONFLICT (org_id, agent_id) DO NOTHING RETURNING id`,
+      [newId('wal', nowMs), orgId, input.agentId, input.label, input.policyId, tags, vault, vaultToken, creatingUntil, new Date(nowMs)]);
     if (inserted[0]) {
       await mark?.(tx, inserted[0].id);
       return inserted[0].id;
     }
     const existing = await tx.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
     const row = existing[0]!;
-    // A creation interrupted before its vault existed on chain is resumed by the same request.
+    // A creation interrupted before its vault existed on chain is resumed by the same request,
+    // sent again once the first has answered (or its process died): not while another request
+    // is creating it, which holds the row (creating_until) until it answers.
+    const conflict = () => new ServiceError('wallet_agent_id_conflict',
+      `Agent ${input.agentId} already has a wallet (${row.id}); agent ids are never reused.`, { param: 'agent_id' });
     const sameRequest = row.provisioned_at === null && row.label === input.label && row.policy_id === input.policyId
       && row.tags.join(',') === tags.join(',');
-    if (!sameRequest) {
-      throw new ServiceError('wallet_agent_id_conflict',
-        `Agent ${input.agentId} already has a wallet (${row.id}); agent ids are never reused.`, { param: 'agent_id' });
-    }
+    if (!sameRequest) throw conflict();
+    const resumed = await tx.query(
+      `UPDATE wallets SET creating_until = $3
+       WHERE org_id = $1 AND id = $2 AND provisioned_at IS NULL AND (creating_until IS NULL OR creating_until <= $4) RETURNING id`,
+      [orgId, row.id, creatingUntil, new Date(nowMs)]);
+    if (!resumed.length) throw conflict();
     return row.id;
   });
-  return provisionedWallet(ctx, orgId, walletId);
+  try {
+    return await provisionedWallet(ctx, orgId, walletId);
+  } finally {
+    await ctx.db.query('UPDATE wallets SET creating_until = NULL WHERE org_id = $1 AND id = $2', [orgId, walletId])
+      .catch((error: unknown) => ctx.log.warn({ err: error, walletId }, 'could not release the creation\'s hold on the wallet; it lapses by itself'));
+  }
 }
+
+/**
+ * How long a creation holds its new wallet's row against another request for the same agent, at
+ * most: past the longest it can take to answer (its provisioning waits up to PROVISION_WAIT_MS
+ * behind another sync), so that only a process that died leaves a hold to lapse.
+ */
+const CREATING_HOLD_MS = 60_000;
 
 /** How long a creation waits for another sync that is creating the same vault. */
 const PROVISION_WAIT_MS = 10_000;
