@@ -475,8 +475,8 @@ describe('webhook deliveries', () => {
     try {
       const slowOrg = await t.createOrganization('Stalling receivers');
       const slowIds: string[] = [];
-      // As many as a run has claimers: before, they held every one of them.
-      for (let i = 0; i < 4; i += 1) {
+      // More than a run has claimers, even held-up ones replaced (12): before, they held every one.
+      for (let i = 0; i < 16; i += 1) {
         const created = await t.request('POST', '/v1/webhooks', { key: slowOrg.adminKey, body: { url: stalling.url(`/stall/${i}`), events: '*' } });
         assert.equal(created.status, 200, JSON.stringify(created.body));
         slowIds.push(created.body.webhook_id);
@@ -504,7 +504,8 @@ describe('webhook deliveries', () => {
       assert.equal(await recordedStalls, 0, 'while the stalling receivers still held their requests');
       const stalled = await t.service.ctx.db.query<{ status: string; attempts: number }>(
         'SELECT status, attempts FROM webhook_deliveries WHERE webhook_id = ANY ($1)', [slowIds]);
-      assert.deepEqual(stalled.map((d) => [d.status, d.attempts]), Array(4).fill(['pending', 1]), 'each stalled attempt failed, its retry due');
+      assert.ok(stalled.length > 0 && stalled.every((d) => d.status === 'pending' && d.attempts === 1),
+        `each stalled attempt made failed, its retry due: ${JSON.stringify(stalled)}`);
     } finally {
       for (const [key, id] of made) await t.request('DELETE', `/v1/webhooks/${id}`, { key });
       await stalling.close();

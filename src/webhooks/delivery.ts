@@ -66,6 +66,14 @@ const SLOW_LANE_CLAIMERS = 2;
 const HELD_UP_AFTER_MS = 1_000;
 /** Claimers of one run at most, held-up ones included (so at most 12 × 64 attempts in flight). */
 const CLAIMERS_MAX = 12;
+/**
+ * Streams of one organisation sent at once (by every worker; leases taken side by side may pass
+ * it by a few): receivers of one organisation that never answer, not yet marked slow (after a
+ * restart, or new), hold that many claimers at most, and CLAIMERS_MAX - STREAMS_PER_ORG_MAX
+ * are left for the others. As many as a run's claimers, so that one organisation alone is sent
+ * as fast as before.
+ */
+const STREAMS_PER_ORG_MAX = CLAIMERS;
 /** How often a run looks for held-up claimers. */
 const HELD_UP_LOOK_EVERY_MS = 250;
 /** The delivery log shows at most this many attempts per delivery (the latest). */
@@ -429,7 +437,8 @@ interface StreamRow extends SigningRow {
  * `nowMs + STREAM_LEASE_MS`, in one statement. The webhook row is locked while the statement
  * runs (another worker skips it) and leased once it commits (another worker passes it by), so
  * two workers never hold the same events. Null when no stream has work. `skipWebhooks` are
- * passed by (slow ones, left to the claimers that serve them).
+ * passed by (slow ones, left to the claimers that serve them), and so are the webhooks of an
+ * organisation whose streams are already being sent STREAMS_PER_ORG_MAX at a time.
  */
 export async function claimStream(
   db: Database, nowMs: number, limit: number, skipWebhooks: readonly string[] = [],
@@ -440,6 +449,7 @@ export async function claimStream(
      ), picked AS (
        SELECT w.id, w.org_id, w.stream_xact, w.stream_event_id FROM webhooks w
        WHERE w.status <> 'disabled' AND w.lease_expires_at IS NULL AND NOT (w.id = ANY ($2::text[]))
+         AND (SELECT count(*) FROM webhooks o WHERE o.org_id = w.org_id AND o.lease_expires_at > $3) < ${STREAMS_PER_ORG_MAX}
          AND EXISTS (SELECT 1 FROM events e WHERE e.org_id = w.org_id
                        AND (e.xact, e.id) > (w.stream_xact, w.stream_event_id) AND e.xact < (SELECT xmin FROM horizon))
        ORDER BY w.stream_xact, w.id
@@ -465,7 +475,7 @@ export async function claimStream(
        l.lease_event_id, l.lease_expires_at, b.id AS event_id, b.type AS event_type, b.created_at AS event_created_at, b.payload
      FROM leased l LEFT JOIN batch b ON '*' = ANY (l.events) OR b.type = ANY (l.events)
      ORDER BY b.xact, b.id`,
-    [new Date(nowMs + STREAM_LEASE_MS), skipWebhooks]);
+    [new Date(nowMs + STREAM_LEASE_MS), skipWebhooks, new Date(nowMs)]);
   const [first] = rows;
   if (!first) return null;
   const signing = signingOf(first, nowMs);
