@@ -45,6 +45,7 @@ uint64_t entrypoint(uint8_t *input) {
     case TAG_ESCROW_DISPUTE: return process_escrow_dispute(&ctx);
     case TAG_ESCROW_RESOLVE: return process_escrow_resolve(&ctx);
     case TAG_ESCROW_CLOSE: return process_escrow_close(&ctx);
+    case TAG_POLICY_CLOSE: return process_policy_close(&ctx);
     default: return ERR_INVALID_INSTRUCTION;
     }
 }

@@ -1,6 +1,8 @@
 /*
  * SetPolicy: creates a policy, or overwrites the limits of an existing one. Vaults read their
  * policy account at every spend, so an update governs every attached vault at once.
+ * PolicyClose: a policy no vault uses any more is closed, its rent back to the operator that
+ * created it.
  */
 #include "program.h"
 
@@ -55,5 +57,32 @@ NOINLINE uint64_t process_set_policy(const Context *ctx) {
     policy->max_per_tx = max_per_tx;
     policy->max_per_day = max_per_day;
     policy->expiry = expiry;
+    return SUCCESS;
+}
+
+/* Accounts: operator (s,w), policy (w). The policy's account closed, every lamport it holds (the
+ * rent the operator paid at SetPolicy) to the operator. The program cannot see which vaults still
+ * name the policy: the service closes only a policy none can spend under any more (its
+ * `policies.close` job); a vault that still names it is refused at its next spend
+ * (InvalidAccountOwner), nothing moved. */
+NOINLINE uint64_t process_policy_close(const Context *ctx) {
+    TRY(require_shape(ctx, 1, 2));
+    AccountHeader *operator = ctx->accounts[0];
+    AccountHeader *policy_account = ctx->accounts[1];
+    TRY(require_signer(operator));
+    TRY(require_writable(operator));
+    TRY(require_writable(policy_account));
+
+    Policy *policy;
+    TRY(load_policy(ctx, policy_account, &policy));
+    REQUIRE(key_eq(&policy->authority, &operator->key), ERR_UNAUTHORIZED);
+
+    // As EscrowClose closes an escrow: the data zeroed, so that an account given lamports again
+    // later in the same transaction is no policy (every loader refuses discriminator 0), and
+    // every lamport to the operator; the runtime removes an account left with none at the end of
+    // the transaction.
+    sol_memset_(account_data(policy_account), 0, policy_account->data_len);
+    operator->lamports += policy_account->lamports;
+    policy_account->lamports = 0;
     return SUCCESS;
 }

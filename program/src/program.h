@@ -34,6 +34,7 @@ enum {
     TAG_ESCROW_DISPUTE = 10,
     TAG_ESCROW_RESOLVE = 11,
     TAG_ESCROW_CLOSE = 12,
+    TAG_POLICY_CLOSE = 13,
 };
 
 /* Instruction handlers: each one validates everything it touches and returns SUCCESS or an error. */
@@ -50,6 +51,7 @@ uint64_t process_escrow_refund(const Context *ctx);
 uint64_t process_escrow_dispute(const Context *ctx);
 uint64_t process_escrow_resolve(const Context *ctx);
 uint64_t process_escrow_close(const Context *ctx);
+uint64_t process_policy_close(const Context *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Account checks */

@@ -4,13 +4,18 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import { AccountRole, type Address, type Instruction } from '@solana/kit';
 import {
+  concat,
   createBench,
   expectOk,
   expectProgramError,
   NO_LIMIT,
   program,
+  signerMeta,
   SYSTEM_PROGRAM,
+  u32,
+  u64,
   USDC,
   withAddress,
   withData,
@@ -21,6 +26,7 @@ import {
 const SetPolicyAccounts = { operator: 0, policy: 1, system: 2 };
 const CreateVaultAccounts = { operator: 0, reserve: 1, vault: 2, vaultToken: 3, policy: 4, mint: 5, system: 6, token: 7, ata: 8 };
 const UpdateVaultAccounts = { operator: 0, vault: 1, policy: 2 };
+const PolicyCloseAccounts = { operator: 0, policy: 1 };
 
 describe('SetPolicy', () => {
   test('creates a policy, then overwrites its limits and bumps its revision', async (t) => {
@@ -239,5 +245,131 @@ describe('UpdateVault', () => {
     const freeze = update({ op: 'freeze' });
     expectProgramError(await b.send([withData(freeze, new Uint8Array([program.Tag.UpdateVault, 3]))]), 'InvalidInstruction');
     expectProgramError(await b.send([withData(freeze, new Uint8Array([program.Tag.UpdateVault, program.VaultOp.AttachPolicy]))]), 'InvalidInstruction');
+  });
+});
+
+describe('PolicyClose', () => {
+  /** An organisation whose vault (funded) is attached to a second policy, `extra`, the one closed. */
+  async function bench() {
+    const b = await createBench();
+    const org = await b.createOrg('org-1');
+    const extra = await b.orgAddresses(org.orgId, 'extra');
+    expectOk(await b.send([b.setPolicyInstruction(extra, { maxPerTx: 10n * USDC })]));
+    const v = await b.createVault(org, 'agent-1', 50n * USDC);
+    return { b, org, extra, v };
+  }
+  /** The policy account and the operator's lamports, to show a refusal changed nothing. */
+  const snapshot = (b: Awaited<ReturnType<typeof bench>>['b'], policy: Address) => ({
+    lamports: b.lamports(policy), owner: b.owner(policy), data: b.data(policy), operator: b.lamports(b.operator.address),
+  });
+
+  // The guarantee: the account goes, and every lamport it held (the rent the operator paid at
+  // SetPolicy) is the operator's again, to the lamport.
+  test('closes the policy\'s account: it no longer exists and the operator has every lamport it held', async (t) => {
+    const { b, extra } = await bench();
+    const rent = b.lamports(extra.policy);
+    assert.ok(rent >= b.svm.minimumBalanceForRentExemption(112n), 'the account held its rent');
+    const operatorBefore = b.lamports(b.operator.address);
+    // Another key pays the fee: the operator's balance then moves by the account's lamports alone.
+    const cu = expectOk(await b.send([b.policyCloseInstruction(extra)], await b.keypair()));
+    t.diagnostic(`PolicyClose CU: ${cu}`);
+    assert.equal(b.lamports(b.operator.address), operatorBefore + rent);
+    assert.equal(b.data(extra.policy), null);
+    assert.equal(b.lamports(extra.policy), 0n);
+  });
+
+  test('a signer that is not the policy\'s authority: Unauthorized; missing signature: MissingSigner; nothing changed', async () => {
+    const { b, extra } = await bench();
+    const before = snapshot(b, extra.policy);
+    const intruder = await b.keypair();
+    expectProgramError(await b.send([b.policyCloseInstruction(extra, intruder)], intruder), 'Unauthorized');
+    const payer = await b.keypair();
+    expectProgramError(await b.send([withoutSigner(b.policyCloseInstruction(extra), PolicyCloseAccounts.operator)], payer), 'MissingSigner');
+    assert.deepEqual(snapshot(b, extra.policy), before);
+    assert.equal(b.policyAccount(extra.policy).maxPerTx, 10n * USDC);
+  });
+
+  test('not a policy: another kind of program account InvalidAccountData, another program\'s InvalidAccountOwner, not the PDA of its key InvalidPda; read-only NotWritable', async () => {
+    const { b, org, extra, v } = await bench();
+    // Another key pays the fees: the operator's lamports then show that nothing moved.
+    const payer = await b.keypair();
+    const before = [snapshot(b, extra.policy), snapshot(b, org.reserve), snapshot(b, v.vault)];
+    expectProgramError(await b.send([withAddress(b.policyCloseInstruction(extra), PolicyCloseAccounts.policy, org.reserve)], payer), 'InvalidAccountData');
+    expectProgramError(await b.send([withAddress(b.policyCloseInstruction(extra), PolicyCloseAccounts.policy, v.vault)], payer), 'InvalidAccountData');
+    expectProgramError(await b.send([withAddress(b.policyCloseInstruction(extra), PolicyCloseAccounts.policy, (await b.keypair()).address)], payer), 'InvalidAccountOwner');
+    expectProgramError(await b.send([withAddress(b.policyCloseInstruction(extra), PolicyCloseAccounts.policy, v.vaultToken)], payer), 'InvalidAccountOwner');
+    // A policy's bytes at an address its key does not derive.
+    const forged = (await b.keypair()).address;
+    b.setAccount(forged, b.data(extra.policy)!, b.programId);
+    expectProgramError(await b.send([withAddress(b.policyCloseInstruction(extra), PolicyCloseAccounts.policy, forged)], payer), 'InvalidPda');
+    for (const index of [PolicyCloseAccounts.operator, PolicyCloseAccounts.policy]) {
+      expectProgramError(await b.send([withoutWritable(b.policyCloseInstruction(extra), index)], payer), 'NotWritable');
+    }
+    expectProgramError(await b.send([withData(b.policyCloseInstruction(extra), new Uint8Array([program.Tag.PolicyClose, 0]))], payer), 'InvalidInstruction');
+    assert.deepEqual([snapshot(b, extra.policy), snapshot(b, org.reserve), snapshot(b, v.vault)], before);
+  });
+
+  // The guarantee: a vault still naming a closed policy can spend nothing: its Pay (and
+  // EscrowCreate, the same spending rules) is refused by the program, not a panic, and nothing moves.
+  test('a vault still attached to the closed policy: Pay and EscrowCreate fail with InvalidAccountOwner, nothing moved; closing again InvalidAccountOwner', async () => {
+    const { b, extra, v } = await bench();
+    expectOk(await b.send([program.updateVault(b.programId, { operator: b.operator, vault: v.vault }, { op: 'attach_policy', policy: extra.policy })]));
+    const onExtra = { ...v, org: { ...v.org, policy: extra.policy } };
+    const recipient = await b.keypair();
+    expectOk(await b.send([await b.payInstruction(onExtra, recipient.address, 1n * USDC)]));
+    expectOk(await b.send([b.policyCloseInstruction(extra)]));
+    const vaultBefore = b.data(v.vault);
+    const tokensBefore = b.tokens(v.vaultToken);
+    const operatorBefore = b.lamports(b.operator.address);
+    const pay = await b.send([await b.payInstruction(onExtra, recipient.address, 1n * USDC)]);
+    expectProgramError(pay, 'InvalidAccountOwner');
+    const e = await b.escrowAddresses('esc-1');
+    const lock = await b.send([program.escrowCreate(b.programId, {
+      operator: b.operator, vault: v.vault, vaultToken: v.vaultToken, policy: extra.policy, mint: b.mint,
+      escrow: e.escrow, escrowToken: e.escrowToken, receiver: recipient.address, arbiter: (await b.keypair()).address,
+    }, { escrowKey: e.escrowKey, amount: 1n * USDC, taskHash: new Uint8Array(32), expiresAt: 4_000_000_000n })]);
+    expectProgramError(lock, 'InvalidAccountOwner');
+    assert.deepEqual(b.data(v.vault), vaultBefore, 'the vault\'s counters unchanged');
+    assert.equal(b.tokens(v.vaultToken), tokensBefore);
+    assert.equal(b.tokens(await program.findAssociatedTokenAddress(recipient.address, b.mint)), 1n * USDC, 'only the payment before the close');
+    assert.equal(b.data(e.escrow), null);
+    // Only the fees of the two refused transactions, which the operator paid.
+    assert.ok(b.lamports(b.operator.address) < operatorBefore && operatorBefore - b.lamports(b.operator.address) <= 20_000n);
+    expectProgramError(await b.send([b.policyCloseInstruction(extra)]), 'InvalidAccountOwner');
+    // Another policy attached: the vault spends again.
+    expectOk(await b.send([program.updateVault(b.programId, { operator: b.operator, vault: v.vault }, { op: 'attach_policy', policy: v.org.policy })]));
+    expectOk(await b.send([await b.payInstruction(v, recipient.address, 1n * USDC)]));
+  });
+
+  // What happens to the address afterwards: nothing keeps it, so SetPolicy with the same key
+  // creates the policy anew (revision 1, the operator paying its rent again). The service never
+  // writes a deleted policy again (docs/policies.md).
+  test('SetPolicy with the same key after the close creates the account anew, at revision 1', async () => {
+    const { b, extra } = await bench();
+    expectOk(await b.send([b.setPolicyInstruction(extra, { maxPerTx: 7n })]));
+    assert.equal(b.policyAccount(extra.policy).revision, 2n);
+    expectOk(await b.send([b.policyCloseInstruction(extra)]));
+    expectOk(await b.send([b.setPolicyInstruction(extra, { maxPerTx: 3n })]));
+    const policy = b.policyAccount(extra.policy);
+    assert.equal(policy.revision, 1n);
+    assert.equal(policy.maxPerTx, 3n);
+    assert.equal(policy.authority, b.operator.address);
+  });
+
+  // The guarantee: a closed policy cannot be brought back as a policy by lamports sent to its
+  // address later in the same transaction, which keep the account alive.
+  test('an account given its rent again in the closing transaction is zeroed: no policy, and SetPolicy refuses it', async () => {
+    const { b, extra, v } = await bench();
+    const revive: Instruction = {
+      programAddress: program.SYSTEM_PROGRAM,
+      accounts: [signerMeta(b.operator), { address: extra.policy, role: AccountRole.WRITABLE }],
+      data: concat(u32(2), u64(b.svm.minimumBalanceForRentExemption(112n))), // System Transfer
+    };
+    expectOk(await b.send([b.policyCloseInstruction(extra), revive]));
+    assert.deepEqual(b.data(extra.policy), new Uint8Array(112), 'alive, every byte zero');
+    assert.equal(b.owner(extra.policy), b.programId);
+    expectProgramError(await b.send([b.policyCloseInstruction(extra)]), 'InvalidAccountData');
+    expectProgramError(await b.send([b.setPolicyInstruction(extra)]), 'InvalidAccountData');
+    expectProgramError(await b.send([program.updateVault(b.programId, { operator: b.operator, vault: v.vault }, { op: 'attach_policy', policy: extra.policy })]), 'InvalidAccountData');
   });
 });

@@ -536,6 +536,10 @@ export class Bench {
     return program.escrowClose(this.programId, { operator, escrow: e.escrow, escrowToken: e.escrowToken });
   }
 
+  policyCloseInstruction(org: Org, operator: KeyPairSigner = this.operator): Instruction {
+    return program.policyClose(this.programId, { operator, policy: org.policy });
+  }
+
   /** An organisation with its reserve holding `reserveAmount` and its default policy. */
   async createOrg(orgId: string, limits: PolicyLimitsInput = {}, reserveAmount = 1_000n * USDC): Promise<Org> {
     const org = await this.orgAddresses(orgId);

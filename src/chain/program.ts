@@ -37,6 +37,7 @@ export const Tag = {
   EscrowDispute: 10,
   EscrowResolve: 11,
   EscrowClose: 12,
+  PolicyClose: 13,
 } as const;
 
 export const VaultOp = { AttachPolicy: 0, Freeze: 1, Unfreeze: 2 } as const;
@@ -435,6 +436,17 @@ export function escrowClose(programId: Address, a: EscrowCloseAccounts): Instruc
     [signer(a.operator, true), writable(a.escrow), writable(a.escrowToken), readonly(TOKEN_PROGRAM)],
     new Uint8Array([Tag.EscrowClose]),
   );
+}
+
+export interface PolicyCloseAccounts {
+  /** the policy's authority: it receives the account's lamports */
+  operator: TransactionSigner;
+  policy: Address;
+}
+
+/** Closes a policy's account, its rent back to the operator that created it. */
+export function policyClose(programId: Address, a: PolicyCloseAccounts): Instruction {
+  return instruction(programId, [signer(a.operator, true), writable(a.policy)], new Uint8Array([Tag.PolicyClose]));
 }
 
 // ---------------------------------------------------------------------------------------------
