@@ -139,6 +139,27 @@ describe('chain client', () => {
     }
   });
 
+  test('a policy closed: its account gone, a vault still naming it spends nothing', async () => {
+    await chain.execute([
+      await chain.setPolicyIx(ORG, 'pol_closed', { maxPerTx: NO_LIMIT, maxPerDay: NO_LIMIT, expiry: 0n }),
+      await chain.createVaultIx(ORG, 'agent-c1', 'pol_closed'),
+      await chain.fundIx(ORG, 'agent-c1', 10n * USDC),
+    ]);
+    const policy = await chain.policyAddress(ORG, 'pol_closed');
+    assert.deepEqual(await chain.getProgramOwned([policy]), [true]);
+    assert.equal((await chain.execute([await chain.policyCloseIx(ORG, 'pol_closed')])).err, null);
+    assert.deepEqual(await chain.getProgramOwned([policy]), [false]);
+    assert.equal(await chain.getPolicy(policy), null);
+    const { vault } = await chain.vaultAddresses(ORG, 'agent-c1');
+    const refused = await chain.execute([await chain.payIx({
+      orgId: ORG, agentId: 'agent-c1', policyId: 'pol_closed', recipient: (await generateKeyPairSigner()).address,
+      amount: 1n * USDC, attestation: new Uint8Array(32),
+    })]);
+    assert.equal(refused.err?.name, 'InvalidAccountOwner');
+    assert.equal(await chain.getUsdcBalance(vault), 10n * USDC);
+    assert.equal((await chain.execute([await chain.policyCloseIx(ORG, 'pol_closed')])).err?.name, 'InvalidAccountOwner', 'closed already');
+  });
+
   test('escrow: lock, release to the receiving vault; refund only after expiry; closed once settled', async () => {
     await chain.execute([
       await chain.createVaultIx(ORG, 'agent-req', 'pol_open'),

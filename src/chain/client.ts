@@ -358,6 +358,11 @@ export class ChainClient {
       split);
   }
 
+  /** A policy's account closed, its rent back to the operator key. */
+  async policyCloseIx(orgId: string, policyId: string): Promise<Instruction> {
+    return program.policyClose(this.programId, { operator: this.operator, policy: await this.policyAddress(orgId, policyId) });
+  }
+
   /** A settled escrow's accounts closed, their rent back to the operator key. */
   async escrowCloseIx(escrowId: string): Promise<Instruction> {
     const { escrow, escrowToken } = await this.escrowAddresses(escrowId);
