@@ -390,7 +390,9 @@ export async function updatePolicy(
 
 /**
  * Soft-deletes a policy no live wallet uses; it then answers 404. The row stays (archived
- * wallets and past transactions name it) and so does its account on chain.
+ * wallets and past transactions name it); its account on chain is closed later by the
+ * policies.close job (src/policies/close.ts), once nothing can need it, its rent back to the
+ * operator key.
  */
 export async function deletePolicy(ctx: Ctx, actor: Actor, policyId: string): Promise<PolicyViewBody> {
   return ctx.db.transaction(async (tx) => {
@@ -455,7 +457,9 @@ export async function syncPolicyToChain(ctx: Ctx, orgId: string, policyId: strin
     const stillUnsettled = await settleWrites(ctx, orgId, policyId, row.unsettled_writes);
     if (!onChain || !sameLimits(onChain, want)) {
       const prepared = await ctx.chain.prepare([await ctx.chain.setPolicyIx(orgId, policyId, want)]);
-      await noteWrite(ctx.db, orgId, policyId, { signature: prepared.signature, valid_height: String(prepared.lastValidBlockHeight) });
+      // Deleted meanwhile: nothing is sent (the policies.close job may close its account, and a
+      // write landing after that would create it again).
+      if (!await noteWrite(ctx.db, orgId, policyId, { signature: prepared.signature, valid_height: String(prepared.lastValidBlockHeight) })) return 'gone';
       await ctx.chain.submit(prepared);
       const outcome = await ctx.chain.waitForOutcome(prepared.signature, CHAIN_TIMEOUT_MS);
       // Its outcome is known: it can no longer land later.
@@ -491,11 +495,16 @@ export interface UnsettledWrite {
   valid_height: string;
 }
 
-/** Notes a write before it is sent. */
-async function noteWrite(db: Queryable, orgId: string, policyId: string, write: UnsettledWrite): Promise<void> {
-  await db.query(
-    `UPDATE policies SET unsettled_writes = unsettled_writes || $3::jsonb WHERE org_id = $1 AND id = $2`,
+/**
+ * Notes a write before it is sent; false (and nothing noted) when the policy is deleted: a
+ * deleted policy is never written again, so that the policies.close job, which waits for every
+ * noted write, knows them all.
+ */
+async function noteWrite(db: Queryable, orgId: string, policyId: string, write: UnsettledWrite): Promise<boolean> {
+  const rows = await db.query(
+    `UPDATE policies SET unsettled_writes = unsettled_writes || $3::jsonb WHERE org_id = $1 AND id = $2 AND deleted_at IS NULL RETURNING id`,
     [orgId, policyId, JSON.stringify([write])]);
+  return rows.length > 0;
 }
 
 /** Forgets writes whose outcome is known, or that can no longer land. */

@@ -9,6 +9,7 @@ import { buildDueExports, expireExports } from '../exports/exports.ts';
 import { purgeExpiredKeys } from '../http/idempotency.ts';
 import { detectDeposits } from '../organizations/deposit-detector.ts';
 import { setUpPendingOrganizations } from '../organizations/organizations.ts';
+import { closeDeletedPolicies } from '../policies/close.ts';
 import { syncPendingPolicies } from '../policies/policies.ts';
 import { expireApprovals } from '../payments/payments.ts';
 import { reconcilePending } from '../transactions/settlement.ts';
@@ -75,6 +76,15 @@ export const JOBS: readonly Job[] = [
     intervalMs: 5_000,
     timeoutMs: 30_000,
     run: async (ctx) => { await closeSettledEscrows(ctx); },
+  },
+  {
+    // Closes the chain accounts of deleted policies nothing can need any more, their rent back to
+    // the operator key (src/policies/close.ts). After the jobs whose work may hold a close back:
+    // the reconciler, the wallets' sync, the escrows' moves.
+    name: 'policies.close',
+    intervalMs: 5_000,
+    timeoutMs: 30_000,
+    run: async (ctx) => { await closeDeletedPolicies(ctx); },
   },
   {
     // A policy past its expiry freezes its vaults and writes policy.expired, once.
