@@ -10,6 +10,7 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { address, type Address, type Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { holdFirstRead } from '../../test/closing.ts';
 import { fundedWallet, type FundedWallet } from '../../test/fixtures.ts';
 import * as program from '../chain/program.ts';
 import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
@@ -150,38 +151,6 @@ describe('escrows.close', () => {
     assert.deepEqual(await closeSettledEscrows(t.service.ctx), { closed: 0, refused: 0 });
   });
 
-  /**
-   * Holds the next run of the job when it reads the chain, after its claim, until another run
-   * reads the chain too (a run that took the same escrows) or `release` is called.
-   */
-  function holdFirstRead() {
-    const { chain } = t.service.ctx;
-    const getProgramOwned = chain.getProgramOwned;
-    let reached!: () => void;
-    const firstReached = new Promise<void>((resolve) => { reached = resolve; });
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => { release = resolve; });
-    let reads = 0;
-    chain.getProgramOwned = async (accounts) => {
-      reads += 1;
-      if (reads === 1) {
-        reached();
-        await held;
-      } else {
-        release();
-      }
-      return getProgramOwned.call(chain, accounts);
-    };
-    return {
-      firstReached,
-      release: () => release(),
-      restore: () => {
-        chain.getProgramOwned = getProgramOwned;
-        release();
-      },
-    };
-  }
-
   /** Each escrow's accounts are gone, closed by the recorded transaction, and no close of it failed on chain (none was sent twice). */
   async function closedOnce(ids: readonly string[]): Promise<void> {
     for (const id of ids) {
@@ -198,7 +167,7 @@ describe('escrows.close', () => {
   // fail on chain, a fee for nothing): an escrow a run has claimed is not another run's.
   test('two runs at once, the first still between its claim and its close: the second takes none of its escrows, nothing is sent twice', async () => {
     const ids = Object.values((await freshSettled()).escrows);
-    const hold = holdFirstRead();
+    const hold = holdFirstRead(t.service.ctx.chain);
     try {
       const first = closeSettledEscrows(t.service.ctx);
       await hold.firstReached;
@@ -215,7 +184,7 @@ describe('escrows.close', () => {
   // once another run has taken its escrows over; the one that took them closes them.
   test('a run whose claim lapsed while it was held sends nothing; the run that took its escrows over closes them', async () => {
     const ids = Object.values((await freshSettled()).escrows);
-    const hold = holdFirstRead();
+    const hold = holdFirstRead(t.service.ctx.chain);
     try {
       const stalled = closeSettledEscrows(t.service.ctx);
       await hold.firstReached;

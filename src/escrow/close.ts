@@ -8,6 +8,7 @@
  *
  * Several processes run the job. A run claims a bounded batch in one short statement (FOR UPDATE
  * SKIP LOCKED over `chain_close_claimed_until`, migration 0041): no lock is held across the chain.
+ * The closes are sent by src/chain/account-close.ts, which the `policies.close` job shares.
  * Each close is noted under the claim (its signature and last valid block height) before it is
  * sent, and a run that takes over a lapsed claim sends nothing while that close can still land;
  * so no two runs send the same close. An escrow whose account is already gone (a close that
@@ -19,14 +20,13 @@
  * Nothing of the escrow's API view or transactions changes: the rent is the operator's, not an
  * organisation's money.
  */
-import { address, type Signature } from '@solana/kit';
-import { ConfirmationTimeoutError, type PreparedTransaction } from '../chain/client.ts';
+import { address } from '@solana/kit';
+import { closeAccounts, type AccountCloseLimits, type AccountCloseRun, type AccountCloser } from '../chain/account-close.ts';
 import type { AppContext } from '../http/context.ts';
-import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 
-export interface EscrowCloseLimits {
+export interface EscrowCloseLimits extends AccountCloseLimits {
   /** Escrows claimed by one run. */
   batchMax: number;
   /**
@@ -40,10 +40,6 @@ export interface EscrowCloseLimits {
    * late run, never stops it) sends nothing more: each close is noted only under a claim still held.
    */
   claimMs: number;
-  /** A run sends no new close after this, so it ends within the job's timeout. */
-  runBudgetMs: number;
-  /** How long a run waits for a close's outcome; still unknown then, a later run asks the chain. */
-  waitMs: number;
 }
 
 export const ESCROW_CLOSE_LIMITS: Readonly<EscrowCloseLimits> = {
@@ -57,12 +53,7 @@ interface ClaimedEscrow {
   chain_close_valid_height: bigint | null;
 }
 
-export interface EscrowCloseRun {
-  /** escrows recorded closed (their accounts gone, by this run's closes or before) */
-  closed: number;
-  /** escrows whose close the program refused, recorded and not tried again */
-  refused: number;
-}
+export type EscrowCloseRun = AccountCloseRun;
 
 /**
  * The `escrows.close` job: claims up to `batchMax` settled escrows still open on chain, the longest
@@ -81,141 +72,60 @@ export async function closeSettledEscrows(ctx: Ctx, limits: EscrowCloseLimits = 
        FOR UPDATE SKIP LOCKED)
      RETURNING id, chain_address, chain_close_signature, chain_close_valid_height`,
     [new Date(nowMs), claimedUntil, limits.batchMax]);
-  const run: EscrowCloseRun = { closed: 0, refused: 0 };
-  if (claimed.length === 0) return run;
+  if (claimed.length === 0) return { closed: 0, refused: 0 };
   try {
-    const sending: Sending = { claimedUntil, limits, deadlineMs: performance.now() + limits.runBudgetMs };
-    for (const group of groupsOf(await closesToSend(ctx, claimed, run), limits.perTransactionMax)) {
-      await sendCloses(ctx, group, sending, run);
-    }
+    return await closeAccounts(ctx, claimed, escrowCloser(ctx, limits, claimedUntil));
   } finally {
     // Compare-and-set: a claim taken over meanwhile (it lapsed) is its new holder's.
     await ctx.db.query(
       'UPDATE escrows SET chain_close_claimed_until = NULL WHERE id = ANY($1::text[]) AND chain_close_claimed_until = $2',
       [claimed.map((escrow) => escrow.id), claimedUntil]);
   }
-  return run;
 }
 
-/**
- * The claimed escrows that need a close sent: not those whose account is gone (recorded closed
- * now), nor those whose close noted by an earlier run can still land (a later run looks again).
- * A noted close that failed is sent again: its failure may have been another escrow's of the
- * same transaction, and a refusal of this one's is recorded only from an outcome of its own.
- */
-async function closesToSend(ctx: Ctx, claimed: readonly ClaimedEscrow[], run: EscrowCloseRun): Promise<ClaimedEscrow[]> {
-  // The height before the statuses, and both before the accounts, as the reconciler reads them:
-  // what is read later is at least as recent, so a close it does not find had not landed by that
-  // height, and one that landed shows as its account gone.
-  const height = await ctx.chain.getBlockHeight();
-  const noted = claimed.filter((escrow) => escrow.chain_close_signature !== null);
-  const outcomes = noted.length > 0
-    ? await ctx.chain.getOutcomes(noted.map((escrow) => escrow.chain_close_signature as Signature)) : [];
-  const landing = new Set(noted.filter((escrow, i) => outcomes[i] === null
-    && height <= escrow.chain_close_valid_height! + EXPIRY_MARGIN_BLOCKS).map((escrow) => escrow.id));
-  const owned = await ctx.chain.getProgramOwned(claimed.map((escrow) => address(escrow.chain_address)));
-  // An account gone is recorded closed, unless by a close whose outcome is not known yet: a local
-  // validator shows its accounts before the slot that changed them is saved, and a close lost
-  // with it would leave the escrow recorded closed, its rent for ever on chain. A later run sees.
-  run.closed += await recordClosed(ctx, claimed.filter((escrow, i) => !owned[i] && !landing.has(escrow.id)).map((escrow) => escrow.id));
-  return claimed.filter((escrow, i) => owned[i] && !landing.has(escrow.id));
-}
-
-interface Sending {
-  claimedUntil: Date;
-  limits: EscrowCloseLimits;
-  /** performance.now() after which nothing more is sent */
-  deadlineMs: number;
-}
-
-/**
- * One transaction closing `group`. Noted first, under the claim; then sent and its outcome waited
- * for. A group refused as a whole (one of its closes failed, so none took effect) is sent again
- * one escrow per transaction, so that each refusal is known to be that escrow's own.
- */
-async function sendCloses(ctx: Ctx, group: readonly ClaimedEscrow[], sending: Sending, run: EscrowCloseRun): Promise<void> {
-  // A slow chain ends the run here: the claims are released and a later run goes on.
-  if (performance.now() > sending.deadlineMs) return;
-  const prepared = await ctx.chain.prepare(await Promise.all(group.map((escrow) => ctx.chain.escrowCloseIx(escrow.id))));
-  if (!(await noteClose(ctx, group, sending.claimedUntil, prepared))) return;
-  let outcome;
-  try {
-    await ctx.chain.submit(prepared);
-    outcome = await ctx.chain.waitForOutcome(prepared.signature, sending.limits.waitMs);
-  } catch (error) {
-    // It may still land: noted, so a later run waits for it to land or expire before sending again.
-    if (!(error instanceof ConfirmationTimeoutError)) {
-      ctx.log.warn({ err: error, signature: prepared.signature }, 'sending an escrow close failed; a later run asks the chain');
-    }
-    return;
-  }
-  if (outcome.err === null) {
-    run.closed += await recordClosed(ctx, group.map((escrow) => escrow.id));
-    return;
-  }
-  if (group.length > 1) {
-    for (const escrow of group) await sendCloses(ctx, [escrow], sending, run);
-    return;
-  }
-  const [escrow] = group;
-  const [owned] = await ctx.chain.getProgramOwned([address(escrow!.chain_address)]);
-  if (!owned) {
-    run.closed += await recordClosed(ctx, [escrow!.id]);
-  } else if (outcome.err.instructionIndex === null) {
-    // Not the program's answer (the transaction as a whole): a later run tries again.
-    ctx.log.warn({ escrowId: escrow!.id, signature: prepared.signature, error: outcome.err.name },
-      'an escrow close failed on chain; a later run tries again');
-  } else if (await recordRefused(ctx, escrow!.id, outcome.err.name)) {
-    run.refused += 1;
-    const fields = { escrowId: escrow!.id, escrowAddress: escrow!.chain_address, signature: prepared.signature, error: outcome.err.name };
-    if (outcome.err.name === 'InvalidEscrowState') {
-      // Settled in the database, not on chain: not a matter of rent.
-      ctx.log.error(fields, 'the chain says a settled escrow is not settled: the database and the chain disagree; not closed');
-    } else {
-      ctx.log.warn(fields, outcome.err.name === 'InvalidInstruction'
-        ? 'the deployed program does not know EscrowClose (a local validator keeps the program its data dir was created with): '
-          + 'this escrow\'s accounts stay open, their rent with them; not tried again (docs/operations.md)'
-        : 'the program refused to close a settled escrow\'s accounts: they stay open, their rent with them; not tried again');
-    }
-  }
-}
-
-/**
- * Notes the close on each escrow of the group if this run still holds every one's claim (one
- * that lapsed may be another run's now, which would then send a close of its own); false if not,
- * and nothing is sent.
- */
-async function noteClose(ctx: Ctx, group: readonly ClaimedEscrow[], claimedUntil: Date, prepared: PreparedTransaction): Promise<boolean> {
-  const ids = group.map((escrow) => escrow.id);
-  return ctx.db.transaction(async (tx) => {
-    const held = await tx.query(
-      'SELECT id FROM escrows WHERE id = ANY($1::text[]) AND chain_close_claimed_until = $2 ORDER BY id FOR UPDATE',
-      [ids, claimedUntil]);
-    if (held.length !== ids.length) return false;
-    await tx.query('UPDATE escrows SET chain_close_signature = $2, chain_close_valid_height = $3 WHERE id = ANY($1::text[])',
-      [ids, prepared.signature, prepared.lastValidBlockHeight]);
-    return true;
-  });
-}
-
-async function recordClosed(ctx: Ctx, ids: readonly string[]): Promise<number> {
-  if (ids.length === 0) return 0;
-  const rows = await ctx.db.query(
-    'UPDATE escrows SET chain_closed_at = $2 WHERE id = ANY($1::text[]) AND chain_closed_at IS NULL RETURNING id',
-    [ids, new Date(ctx.clock.nowMs())]);
-  return rows.length;
-}
-
-/** True when this call recorded the refusal (so it is logged once). */
-async function recordRefused(ctx: Ctx, id: string, error: string): Promise<boolean> {
-  const rows = await ctx.db.query(
-    'UPDATE escrows SET chain_close_refused = $2 WHERE id = $1 AND chain_close_refused IS NULL AND chain_closed_at IS NULL RETURNING id',
-    [id, error]);
-  return rows.length > 0;
-}
-
-function groupsOf<T>(items: readonly T[], size: number): T[][] {
-  const groups: T[][] = [];
-  for (let start = 0; start < items.length; start += size) groups.push(items.slice(start, start + size));
-  return groups;
+function escrowCloser(ctx: Ctx, limits: EscrowCloseLimits, claimedUntil: Date): AccountCloser<ClaimedEscrow> {
+  const ids = (escrows: readonly ClaimedEscrow[]) => escrows.map((escrow) => escrow.id);
+  return {
+    noun: 'escrow',
+    limits,
+    accountOf: (escrow) => address(escrow.chain_address),
+    logFields: (escrow) => ({ escrowId: escrow.id, escrowAddress: escrow.chain_address }),
+    sentOf: (escrow) => (escrow.chain_close_signature === null ? []
+      : [{ signature: escrow.chain_close_signature, validHeight: escrow.chain_close_valid_height! }]),
+    closeIx: (escrow) => ctx.chain.escrowCloseIx(escrow.id),
+    // Noted on the escrows whose claim this run still holds (one that lapsed may be another
+    // run's now, which would then send a close of its own), and only if it holds every one's.
+    note: (group, prepared) => ctx.db.transaction(async (tx) => {
+      const held = await tx.query<{ id: string }>(
+        'SELECT id FROM escrows WHERE id = ANY($1::text[]) AND chain_close_claimed_until = $2 ORDER BY id FOR UPDATE',
+        [ids(group), claimedUntil]);
+      const kept = group.filter((escrow) => held.some((row) => row.id === escrow.id));
+      if (kept.length === group.length) {
+        await tx.query('UPDATE escrows SET chain_close_signature = $2, chain_close_valid_height = $3 WHERE id = ANY($1::text[])',
+          [ids(group), prepared.signature, prepared.lastValidBlockHeight]);
+      }
+      return kept;
+    }),
+    recordClosed: async (escrows) => {
+      if (escrows.length === 0) return 0;
+      const rows = await ctx.db.query(
+        'UPDATE escrows SET chain_closed_at = $2 WHERE id = ANY($1::text[]) AND chain_closed_at IS NULL RETURNING id',
+        [ids(escrows), new Date(ctx.clock.nowMs())]);
+      return rows.length;
+    },
+    recordRefused: async (escrow, error) => (await ctx.db.query(
+      'UPDATE escrows SET chain_close_refused = $2 WHERE id = $1 AND chain_close_refused IS NULL AND chain_closed_at IS NULL RETURNING id',
+      [escrow.id, error])).length > 0,
+    logRefused: (_escrow, fields) => {
+      if (fields.error === 'InvalidEscrowState') {
+        // Settled in the database, not on chain: not a matter of rent.
+        ctx.log.error(fields, 'the chain says a settled escrow is not settled: the database and the chain disagree; not closed');
+      } else {
+        ctx.log.warn(fields, fields.error === 'InvalidInstruction'
+          ? 'the deployed program does not know EscrowClose (a local validator keeps the program its data dir was created with): '
+            + 'this escrow\'s accounts stay open, their rent with them; not tried again (docs/operations.md)'
+          : 'the program refused to close a settled escrow\'s accounts: they stay open, their rent with them; not tried again');
+      }
+    },
+  };
 }

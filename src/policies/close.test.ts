@@ -12,6 +12,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { address, type Address, type Signature } from '@solana/kit';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { holdFirstRead } from '../../test/closing.ts';
 import { fundedWallet, newRecipient, unique } from '../../test/fixtures.ts';
 import * as program from '../chain/program.ts';
 import { resendEscrowMoves } from '../escrow/escrows.ts';
@@ -315,38 +316,6 @@ describe('policies.close', () => {
     assert.deepEqual(row!.unsettled_writes, []);
   });
 
-  /**
-   * Holds the next run of the job when it reads the chain, after its claim, until another run
-   * reads the chain too (a run that took the same policies) or `release` is called.
-   */
-  function holdFirstRead() {
-    const { chain } = ctx();
-    const getProgramOwned = chain.getProgramOwned;
-    let reached!: () => void;
-    const firstReached = new Promise<void>((resolve) => { reached = resolve; });
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => { release = resolve; });
-    let reads = 0;
-    chain.getProgramOwned = async (accounts) => {
-      reads += 1;
-      if (reads === 1) {
-        reached();
-        await held;
-      } else {
-        release();
-      }
-      return getProgramOwned.call(chain, accounts);
-    };
-    return {
-      firstReached,
-      release: () => release(),
-      restore: () => {
-        chain.getProgramOwned = getProgramOwned;
-        release();
-      },
-    };
-  }
-
   /** Each policy's account is gone, closed by the recorded transaction, and no close of it failed on chain (none was sent twice). */
   async function closedOnce(ids: readonly string[]): Promise<void> {
     for (const id of ids) {
@@ -371,7 +340,7 @@ describe('policies.close', () => {
   // would fail on chain, a fee for nothing): a policy a run has claimed is not another run's.
   test('two runs at once, the first still between its claim and its close: the second takes none of its policies, nothing is sent twice', async () => {
     const ids = await threeDeleted();
-    const hold = holdFirstRead();
+    const hold = holdFirstRead(ctx().chain);
     try {
       const first = close();
       await hold.firstReached;
@@ -388,7 +357,7 @@ describe('policies.close', () => {
   // policies over; the one that took them closes them.
   test('a run whose claim lapsed while it was held sends nothing; the run that took its policies over closes them', async () => {
     const ids = await threeDeleted();
-    const hold = holdFirstRead();
+    const hold = holdFirstRead(ctx().chain);
     try {
       const stalled = close();
       await hold.firstReached;

@@ -29,7 +29,8 @@
  *
  * Several processes run the job. As for escrows (src/escrow/close.ts), a run claims a bounded
  * batch in one short statement (FOR UPDATE SKIP LOCKED over `chain_close_claimed_until`,
- * migration 0043): no lock is held across the chain. Each close is noted under the claim (its
+ * migration 0043): no lock is held across the chain; the closes are sent by
+ * src/chain/account-close.ts, shared with the escrows. Each close is noted under the claim (its
  * signature and last valid block height) before it is sent, and a run that takes over a lapsed
  * claim sends nothing while that close can still land. A policy whose account is not there (a
  * close that landed before a crash; an account never created, the policy deleted before it
@@ -41,16 +42,15 @@
  * Nothing of the policy's API view, audit log or events changes: a deleted policy answers 404 as
  * before, and the rent is the operator's, not an organisation's money.
  */
-import { address, type Signature } from '@solana/kit';
-import { ConfirmationTimeoutError, type PreparedTransaction } from '../chain/client.ts';
+import { address } from '@solana/kit';
+import { closeAccounts, type AccountCloseLimits, type AccountCloseRun, type AccountCloser } from '../chain/account-close.ts';
 import type { Queryable } from '../db/database.ts';
 import type { AppContext } from '../http/context.ts';
-import { EXPIRY_MARGIN_BLOCKS } from '../transactions/settlement.ts';
 import type { UnsettledWrite } from './policies.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
 
-export interface PolicyCloseLimits {
+export interface PolicyCloseLimits extends AccountCloseLimits {
   /** Policies claimed by one run. */
   batchMax: number;
   /**
@@ -63,10 +63,6 @@ export interface PolicyCloseLimits {
    * each close is noted only under a claim still held.
    */
   claimMs: number;
-  /** A run sends no new close after this, so it ends within the job's timeout. */
-  runBudgetMs: number;
-  /** How long a run waits for a close's outcome; still unknown then, a later run asks the chain. */
-  waitMs: number;
   /**
    * How long after its deletion (service clock) a policy's account is left alone: a blockhash
    * lives about a minute, so a transaction signed before the deletion can no longer land by then.
@@ -101,12 +97,7 @@ interface ClaimedPolicy {
   chain_close_valid_height: bigint | null;
 }
 
-export interface PolicyCloseRun {
-  /** policies recorded closed (their accounts gone, by this run's closes or before, or never created) */
-  closed: number;
-  /** policies whose close the program refused, recorded and not tried again */
-  refused: number;
-}
+export type PolicyCloseRun = AccountCloseRun;
 
 /**
  * The `policies.close` job: claims up to `batchMax` deleted policies that nothing can need any
@@ -126,13 +117,9 @@ export async function closeDeletedPolicies(ctx: Ctx, limits: PolicyCloseLimits =
        FOR UPDATE SKIP LOCKED)
      RETURNING org_id, id, chain_address, unsettled_writes, chain_close_signature, chain_close_valid_height`,
     [new Date(nowMs), claimedUntil, limits.batchMax, new Date(nowMs - limits.graceMs)]);
-  const run: PolicyCloseRun = { closed: 0, refused: 0 };
-  if (claimed.length === 0) return run;
+  if (claimed.length === 0) return { closed: 0, refused: 0 };
   try {
-    const sending: Sending = { claimedUntil, limits, deadlineMs: performance.now() + limits.runBudgetMs };
-    for (const group of groupsOf(await closesToSend(ctx, claimed, run), limits.perTransactionMax)) {
-      await sendCloses(ctx, group, sending, run);
-    }
+    return await closeAccounts(ctx, claimed, policyCloser(ctx, limits, claimedUntil));
   } finally {
     // Compare-and-set: a claim taken over meanwhile (it lapsed) is its new holder's.
     await ctx.db.query(
@@ -140,158 +127,64 @@ export async function closeDeletedPolicies(ctx: Ctx, limits: PolicyCloseLimits =
        WHERE (org_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND chain_close_claimed_until = $3`,
       [claimed.map((policy) => policy.org_id), claimed.map((policy) => policy.id), claimedUntil]);
   }
-  return run;
 }
 
-/**
- * The claimed policies that need a close sent: not those whose account is not there (recorded
- * closed now), nor those whose close noted by an earlier run, or a SetPolicy whose outcome its
- * writer never learned, can still land (a later run looks again). A noted close that failed is
- * sent again: its failure may have been another policy's of the same transaction, and a refusal
- * of this one's is recorded only from an outcome of its own.
- */
-async function closesToSend(ctx: Ctx, claimed: readonly ClaimedPolicy[], run: PolicyCloseRun): Promise<ClaimedPolicy[]> {
-  // The height before the statuses, and both before the accounts, as the reconciler reads them:
-  // what is read later is at least as recent, so a transaction it does not find had not landed
-  // by that height, and one that landed shows in the account.
-  const height = await ctx.chain.getBlockHeight();
-  // Each claimed policy's noted close and unsettled writes: sent, their outcome not known here.
-  const pending = claimed.flatMap((policy) => [
-    ...(policy.chain_close_signature === null ? []
-      : [{ policy, signature: policy.chain_close_signature, validHeight: policy.chain_close_valid_height! }]),
-    ...policy.unsettled_writes.map((write) => ({ policy, signature: write.signature, validHeight: BigInt(write.valid_height) })),
-  ]);
-  const waiting = new Set<ClaimedPolicy>();
-  for (let start = 0; start < pending.length; start += STATUS_BATCH_MAX) {
-    const batch = pending.slice(start, start + STATUS_BATCH_MAX);
-    const outcomes = await ctx.chain.getOutcomes(batch.map((each) => each.signature as Signature));
-    for (const [i, each] of batch.entries()) {
-      if (outcomes[i] === null && height <= each.validHeight + EXPIRY_MARGIN_BLOCKS) waiting.add(each.policy);
-    }
-  }
-  const owned = await ctx.chain.getProgramOwned(claimed.map((policy) => address(policy.chain_address)));
-  // An account not there is recorded closed, unless a close or a SetPolicy of its own can still
-  // land: a local validator shows its accounts before the slot that changed them is saved, and a
-  // close lost with it would leave the policy recorded closed, its rent for ever on chain; a
-  // SetPolicy landing later would create the account again. A later run sees.
-  run.closed += await recordClosed(ctx, claimed.filter((policy, i) => !owned[i] && !waiting.has(policy)));
-  return claimed.filter((policy, i) => owned[i] && !waiting.has(policy));
-}
-
-/** Signatures asked about in one getSignatureStatuses call (JSON-RPC allows 256). */
-const STATUS_BATCH_MAX = 200;
-
-interface Sending {
-  claimedUntil: Date;
-  limits: PolicyCloseLimits;
-  /** performance.now() after which nothing more is sent */
-  deadlineMs: number;
-}
-
-/**
- * One transaction closing `group`. Noted first, under the claim, the conditions checked again;
- * then sent and its outcome waited for. A group refused as a whole (one of its closes failed, so
- * none took effect) is sent again one policy per transaction, so that each refusal is known to be
- * that policy's own.
- */
-async function sendCloses(ctx: Ctx, group: readonly ClaimedPolicy[], sending: Sending, run: PolicyCloseRun): Promise<void> {
-  // A slow chain ends the run here: the claims are released and a later run goes on.
-  if (performance.now() > sending.deadlineMs) return;
-  const prepared = await ctx.chain.prepare(await Promise.all(group.map((policy) => ctx.chain.policyCloseIx(policy.org_id, policy.id))));
-  const noted = await noteClose(ctx, group, sending, prepared);
-  if (noted.length === 0) return;
-  if (noted.length < group.length) {
-    // One no longer closable (or its claim lost): the others are signed again without it.
-    await sendCloses(ctx, noted, sending, run);
-    return;
-  }
-  let outcome;
-  try {
-    await ctx.chain.submit(prepared);
-    outcome = await ctx.chain.waitForOutcome(prepared.signature, sending.limits.waitMs);
-  } catch (error) {
-    // It may still land: noted, so a later run waits for it to land or expire before sending again.
-    if (!(error instanceof ConfirmationTimeoutError)) {
-      ctx.log.warn({ err: error, signature: prepared.signature }, 'sending a policy close failed; a later run asks the chain');
-    }
-    return;
-  }
-  if (outcome.err === null) {
-    run.closed += await recordClosed(ctx, group);
-    return;
-  }
-  if (group.length > 1) {
-    for (const policy of group) await sendCloses(ctx, [policy], sending, run);
-    return;
-  }
-  const [policy] = group as [ClaimedPolicy];
-  const [owned] = await ctx.chain.getProgramOwned([address(policy.chain_address)]);
-  if (!owned) {
-    run.closed += await recordClosed(ctx, [policy]);
-  } else if (outcome.err.instructionIndex === null) {
-    // Not the program's answer (the transaction as a whole): a later run tries again.
-    ctx.log.warn({ policyId: policy.id, signature: prepared.signature, error: outcome.err.name },
-      'a policy close failed on chain; a later run tries again');
-  } else if (await recordRefused(ctx, policy, outcome.err.name)) {
-    run.refused += 1;
-    const fields = { orgId: policy.org_id, policyId: policy.id, policyAddress: policy.chain_address, signature: prepared.signature, error: outcome.err.name };
-    if (outcome.err.name === 'Unauthorized') {
-      // Created by another key than the operator (anyone may create it first: its address derives
-      // from the ids alone): its rent is not the operator's.
-      ctx.log.error(fields, 'a deleted policy\'s account on chain is not the operator\'s: not closed');
-    } else {
-      ctx.log.warn(fields, outcome.err.name === 'InvalidInstruction'
-        ? 'the deployed program does not know PolicyClose (a local validator keeps the program its data dir was created with): '
-          + 'this deleted policy\'s account stays open, its rent with it; not tried again (docs/operations.md)'
-        : 'the program refused to close a deleted policy\'s account: it stays open, its rent with it; not tried again');
-    }
-  }
-}
-
-/**
- * Notes the close on each policy of the group that this run still holds and that is still
- * closable (the claim's conditions read again under the rows' locks); returns those noted, and
- * notes nothing unless every one of the group is (the transaction closes them all).
- */
-async function noteClose(ctx: Ctx, group: readonly ClaimedPolicy[], sending: Sending, prepared: PreparedTransaction): Promise<ClaimedPolicy[]> {
-  return ctx.db.transaction(async (tx: Queryable) => {
-    const held = await tx.query<{ org_id: string; id: string }>(
-      `SELECT p.org_id, p.id FROM policies p
-       WHERE (p.org_id, p.id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND p.chain_close_claimed_until = $3
-         AND ${closableSql('$4')}
-       ORDER BY p.org_id, p.id FOR UPDATE`,
-      [group.map((policy) => policy.org_id), group.map((policy) => policy.id), sending.claimedUntil,
-        new Date(ctx.clock.nowMs() - sending.limits.graceMs)]);
-    const kept = group.filter((policy) => held.some((row) => row.org_id === policy.org_id && row.id === policy.id));
-    if (kept.length !== group.length) return kept;
-    await tx.query(
-      `UPDATE policies SET chain_close_signature = $3, chain_close_valid_height = $4
-       WHERE (org_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
-      [group.map((policy) => policy.org_id), group.map((policy) => policy.id), prepared.signature, prepared.lastValidBlockHeight]);
-    return kept;
-  });
-}
-
-async function recordClosed(ctx: Ctx, policies: readonly ClaimedPolicy[]): Promise<number> {
-  if (policies.length === 0) return 0;
-  const rows = await ctx.db.query(
-    `UPDATE policies SET chain_closed_at = $3
-     WHERE (org_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND chain_closed_at IS NULL RETURNING id`,
-    [policies.map((policy) => policy.org_id), policies.map((policy) => policy.id), new Date(ctx.clock.nowMs())]);
-  return rows.length;
-}
-
-/** True when this call recorded the refusal (so it is logged once). */
-async function recordRefused(ctx: Ctx, policy: ClaimedPolicy, error: string): Promise<boolean> {
-  const rows = await ctx.db.query(
-    `UPDATE policies SET chain_close_refused = $3
-     WHERE org_id = $1 AND id = $2 AND chain_close_refused IS NULL AND chain_closed_at IS NULL RETURNING id`,
-    [policy.org_id, policy.id, error]);
-  return rows.length > 0;
-}
-
-function groupsOf<T>(items: readonly T[], size: number): T[][] {
-  const groups: T[][] = [];
-  for (let start = 0; start < items.length; start += size) groups.push(items.slice(start, start + size));
-  return groups;
+function policyCloser(ctx: Ctx, limits: PolicyCloseLimits, claimedUntil: Date): AccountCloser<ClaimedPolicy> {
+  const keys = (policies: readonly ClaimedPolicy[]) => [policies.map((policy) => policy.org_id), policies.map((policy) => policy.id)];
+  return {
+    noun: 'policy',
+    limits,
+    accountOf: (policy) => address(policy.chain_address),
+    logFields: (policy) => ({ orgId: policy.org_id, policyId: policy.id, policyAddress: policy.chain_address }),
+    // Its noted close, and any SetPolicy whose outcome its writer never learned: one landing after
+    // the close would create the account again.
+    sentOf: (policy) => [
+      ...(policy.chain_close_signature === null ? []
+        : [{ signature: policy.chain_close_signature, validHeight: policy.chain_close_valid_height! }]),
+      ...policy.unsettled_writes.map((write) => ({ signature: write.signature, validHeight: BigInt(write.valid_height) })),
+    ],
+    closeIx: (policy) => ctx.chain.policyCloseIx(policy.org_id, policy.id),
+    // Noted on the group's policies this run still holds and that are still closable (the claim's
+    // conditions read again under the rows' locks), and only if that is every one of them.
+    note: (group, prepared) => ctx.db.transaction(async (tx: Queryable) => {
+      const held = await tx.query<{ org_id: string; id: string }>(
+        `SELECT p.org_id, p.id FROM policies p
+         WHERE (p.org_id, p.id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND p.chain_close_claimed_until = $3
+           AND ${closableSql('$4')}
+         ORDER BY p.org_id, p.id FOR UPDATE`,
+        [...keys(group), claimedUntil, new Date(ctx.clock.nowMs() - limits.graceMs)]);
+      const kept = group.filter((policy) => held.some((row) => row.org_id === policy.org_id && row.id === policy.id));
+      if (kept.length === group.length) {
+        await tx.query(
+          `UPDATE policies SET chain_close_signature = $3, chain_close_valid_height = $4
+           WHERE (org_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[]))`,
+          [...keys(group), prepared.signature, prepared.lastValidBlockHeight]);
+      }
+      return kept;
+    }),
+    recordClosed: async (policies) => {
+      if (policies.length === 0) return 0;
+      const rows = await ctx.db.query(
+        `UPDATE policies SET chain_closed_at = $3
+         WHERE (org_id, id) IN (SELECT * FROM unnest($1::text[], $2::text[])) AND chain_closed_at IS NULL RETURNING id`,
+        [...keys(policies), new Date(ctx.clock.nowMs())]);
+      return rows.length;
+    },
+    recordRefused: async (policy, error) => (await ctx.db.query(
+      `UPDATE policies SET chain_close_refused = $3
+       WHERE org_id = $1 AND id = $2 AND chain_close_refused IS NULL AND chain_closed_at IS NULL RETURNING id`,
+      [policy.org_id, policy.id, error])).length > 0,
+    logRefused: (_policy, fields) => {
+      if (fields.error === 'Unauthorized') {
+        // Created by another key than the operator (anyone may create it first: its address derives
+        // from the ids alone): its rent is not the operator's.
+        ctx.log.error(fields, 'a deleted policy\'s account on chain is not the operator\'s: not closed');
+      } else {
+        ctx.log.warn(fields, fields.error === 'InvalidInstruction'
+          ? 'the deployed program does not know PolicyClose (a local validator keeps the program its data dir was created with): '
+            + 'this deleted policy\'s account stays open, its rent with it; not tried again (docs/operations.md)'
+          : 'the program refused to close a deleted policy\'s account: it stays open, its rent with it; not tried again');
+      }
+    },
+  };
 }
