@@ -1,12 +1,14 @@
 /**
  * How many vaults, API keys and policies an organisation may have (AGENT_VAULT_WALLETS_PER_ORG_MAX,
  * AGENT_VAULT_API_KEYS_PER_ORG_MAX, AGENT_VAULT_POLICIES_PER_ORG_MAX; here 3 of each): the next
- * creation is refused and creates nothing; archiving, revoking or deleting makes room; creations side by side never go over; another
+ * creation is refused and creates nothing; archiving, revoking, or deleting a policy and its
+ * account on chain being closed, makes room; creations side by side never go over; another
  * organisation has its own count.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { startTestService, type TestService } from '../../test/harness.ts';
+import { closeDeletedPolicies, POLICY_CLOSE_LIMITS } from '../policies/close.ts';
 
 describe('counts per organisation', () => {
   let t: TestService;
@@ -72,7 +74,12 @@ describe('counts per organisation', () => {
     assert.ok(listed.body.data.some((p: { policy_id: string }) => p.policy_id === 'pol_conservative'), 'presets are still listed');
     const made = answers.find((a) => a.status === 200)!.body as { policy_id: string };
     assert.equal((await t.request('DELETE', `/v1/policies/${made.policy_id}`, { key: org.adminKey })).status, 200);
-    assert.equal((await create('p4')).status, 200, 'a deleted policy leaves room');
+    // Deleting alone does not give the rent back: create and delete in a loop would pass the bound.
+    assert.equal((await create('p4')).status, 400, 'a deleted policy counts while its account is open on chain');
+    const grace = POLICY_CLOSE_LIMITS.graceMs / 1000 + 1;
+    assert.equal((await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: grace } })).status, 200);
+    assert.deepEqual(await closeDeletedPolicies(t.service.ctx), { closed: 1, refused: 0 });
+    assert.equal((await create('p4')).status, 200, 'once its account is closed, room');
     assert.equal((await clone('c3')).status, 400);
     assert.equal((await t.request('POST', '/v1/policies', { body: { name: 'elsewhere', maxPerTx: '1000000' } })).status, 200,
       'another organisation counts its own');

@@ -288,9 +288,14 @@ async function insertPolicy(
 ): Promise<{ policyId: string; claimedUntil: Date }> {
   await lockOrganization(tx, actor.orgId);
   await assertBelowCount(tx, actor.orgId, {
-    noun: 'policies', countSql: 'SELECT count(*)::int AS n FROM policies WHERE org_id = $1 AND NOT is_preset AND deleted_at IS NULL',
+    // A deleted policy counts until its chain account is closed (policies.close): the bound is on
+    // the accounts whose rent the operator key pays, which deleting alone does not give back.
+    noun: 'policies',
+    countSql: `SELECT count(*)::int AS n FROM policies WHERE org_id = $1 AND NOT is_preset
+                 AND (deleted_at IS NULL OR (chain_closed_at IS NULL AND chain_close_refused IS NULL))`,
     max: ctx.config.policiesPerOrgMax,
-    advice: 'delete policies no vault uses, or ask the operator (AGENT_VAULT_POLICIES_PER_ORG_MAX).',
+    advice: 'delete policies no vault uses (a deleted policy counts until its account on chain is closed, 10 minutes after '
+      + 'the deletion at the earliest: docs/policies.md), or ask the operator (AGENT_VAULT_POLICIES_PER_ORG_MAX).',
   });
   const atMs = ctx.clock.nowMs();
   const policyId = newId('pol', atMs);
