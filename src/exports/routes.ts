@@ -38,14 +38,13 @@ export function exportRoutes(app: App, ctx: AppContext): void {
   }, async (request) => exportView(await createExport(ctx, principalOf(request), request.body), ctx.clock.nowMs()));
 
   app.get('/v1/transactions/exports/:export_id', {
-    config: { permission: 'read' },
+    // `GET /v1/transactions/exports/` (no id) is a client trying to list them, as without the slash.
+    config: { permission: 'read', emptyParam: () => exportsAreReadById('export_id') },
     schema: {
       tags: ['Transactions'], summary: 'An export: poll it until `status` is `ready` (or `failed`)',
       params: ExportParams, response: { 200: ExportView },
     },
   }, async (request) => {
-    // `GET /v1/transactions/exports/` (no id) is a client trying to list them, as without the slash.
-    if (request.params.export_id === '') throw exportsAreReadById('export_id');
     return exportView(await getExport(ctx.db, principalOf(request).orgId, request.params.export_id), ctx.clock.nowMs());
   });
 

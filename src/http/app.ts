@@ -148,6 +148,14 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   });
   app.addHook('onRequest', authenticate(ctx, app.rateLimit()));
   app.addHook('preValidation', async (request) => {
+    // `GET /v1/wallets/` (a trailing slash) matches `/v1/wallets/:wallet_id` with an empty id, and
+    // `/v1/wallets//fund` too: there is no such route, rather than "no wallet ''".
+    const params = request.params as Record<string, unknown> | undefined;
+    const empty = params && !request.is404 ? Object.keys(params).find((name) => params[name] === '') : undefined;
+    if (empty !== undefined) {
+      throw request.routeOptions.config.emptyParam?.() ?? new ServiceError('not_found',
+        `No route ${request.method} ${request.url.split('?')[0]}: its ${empty} is empty (a trailing or doubled "/").`, { param: empty });
+    }
     // An Idempotency-Key is taken where the body takes `idempotencyKey` (DESIGN §2's list: the
     // money moves and the creations of wallets and escrows). Elsewhere it would protect nothing
     // — a retry would run again — so a POST or PATCH with it is refused, as the body field is,

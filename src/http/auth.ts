@@ -24,6 +24,8 @@ declare module 'fastify' {
      * transaction checks again that the key is live (payments), so a revoked key never acts.
      */
     cachedKey?: boolean;
+    /** what a path parameter left empty answers (`GET /v1/wallets/`); by default, no route (app.ts) */
+    emptyParam?: () => ServiceError;
   }
   interface FastifyRequest {
     principal: Principal | null;

@@ -42,6 +42,17 @@ describe('HTTP foundation', () => {
     assert.equal(response.body.error.code, 'not_found');
   });
 
+  test('a path whose id is empty (a trailing or doubled slash) is no route, not a missing resource', async () => {
+    for (const [method, path, param] of [['GET', '/v1/wallets/', 'wallet_id'], ['POST', '/v1/wallets//fund', 'wallet_id'],
+      ['GET', '/v1/policies/', 'policy_id'], ['DELETE', '/v1/webhooks/', 'webhook_id']] as const) {
+      const response = await t.request(method, path, method === 'POST' ? { body: { amount: '1' } } : {});
+      assert.equal(response.status, 404, `${method} ${path}: ${JSON.stringify(response.body)}`);
+      assert.equal(response.body.error.code, 'not_found', path);
+      assert.equal(response.body.error.param, param, path);
+      assert.match(response.body.error.message, new RegExp(`^No route ${method} ${path}: its ${param} is empty`), path);
+    }
+  });
+
   test('a URL the router refuses (bad percent-encoding, an overlong id) is 400 in the same shape', async () => {
     for (const path of ['/v1/payments/%zz', `/v1/payments/tx_${'x'.repeat(120)}`]) {
       const response = await t.request('GET', path);
