@@ -26,7 +26,7 @@ describe('events, wallet states and automation', () => {
   // A confirmed payment is answered before its settlement's events are written.
   const eventsOf = async (type: string, walletId?: string) => (await t.settled(), await t.request('GET',
     `/v1/events?type=${type}&limit=100${walletId ? `&walletId=${walletId}` : ''}`)).body.data as Array<{
-      type: string; severity: string; wallet_id: string | null; details: Record<string, unknown>; timestamp: string;
+      type: string; severity: string; wallet_id: string | null; summary: string; details: Record<string, unknown>; timestamp: string;
     }>;
   /**
    * The chain's outcome of the vault's auto-topups sent and not settled yet: the automation job
@@ -247,6 +247,9 @@ describe('events, wallet states and automation', () => {
     assert.equal(low.length, 1, 'said once');
     assert.equal(low[0]!.details.reason, 'auto_topup_reserve_insufficient');
     assert.equal(low[0]!.details.current_balance, '4.00');
+    assert.equal(low[0]!.summary,
+      `Auto-topup of 100000.00 USDC not funded: the reserve holds ${low[0]!.details.org_balance} USDC (wallet balance 4.00 USDC, below 5.00 USDC)`,
+      'told apart from the vault\'s own low-balance warning');
     assert.equal(await balanceOf(t, hungry.wallet_id), '4.00');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserve, 'the reserve was not touched');
 

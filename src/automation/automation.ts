@@ -77,10 +77,10 @@ export async function expirePolicies(ctx: Ctx): Promise<number> {
 
 function lowBalanceEvent(
   orgId: string, walletId: string, balance: bigint, threshold: bigint, extra: Record<string, unknown> = {},
+  summary = `Wallet balance ${formatUsdc(balance)} USDC is below ${formatUsdc(threshold)} USDC`,
 ): NewEvent {
   return {
-    orgId, type: 'balance.low', walletId,
-    summary: `Wallet balance ${formatUsdc(balance)} USDC is below ${formatUsdc(threshold)} USDC`,
+    orgId, type: 'balance.low', walletId, summary,
     payload: { wallet_id: walletId, current_balance: formatUsdc(balance), threshold: formatUsdc(threshold), ...extra },
   };
 }
@@ -206,10 +206,12 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
         await ctx.db.transaction(async (tx) => {
           const latched = await takeLatch(tx, wallet, true);
           if (!latched) return;
+          // Told apart from the vault's own low-balance warning: the operator has to fund the reserve.
+          const topup = formatUsdc(wallet.auto_topup_amount);
           await recordEvent(tx, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, latched.balance, latched.auto_topup_trigger_below, {
-            reason: 'auto_topup_reserve_insufficient', topup_amount: formatUsdc(wallet.auto_topup_amount),
-            org_balance: error.details.available,
-          }));
+            reason: 'auto_topup_reserve_insufficient', topup_amount: topup, org_balance: error.details.available,
+          }, `Auto-topup of ${topup} USDC not funded: the reserve holds ${String(error.details.available)} USDC `
+            + `(wallet balance ${formatUsdc(latched.balance)} USDC, below ${formatUsdc(latched.auto_topup_trigger_below)} USDC)`));
         }).catch((failure: unknown) => ctx.log.warn({ err: failure, walletId: wallet.id }, 'auto-topup refusal not written; retried at the next tick'));
         continue;
       }
