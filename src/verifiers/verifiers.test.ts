@@ -269,7 +269,9 @@ describe('verifyCallbackProof and assertVerifierUsable', () => {
     const hex = good.slice(good.indexOf('v1=') + 3);
     for (const proof of ['', 'garbage', `v1=${hex},t=${now}`, `t=${now}`, `v1=${hex}`, `t=${now},v1=${hex.toUpperCase()}`,
       `t=${now},v1=${hex.slice(2)}`, `t=${now},v1=${hex}00`, `t=-${now},v1=${hex}`, `t=${now}.5,v1=${hex}`, ` ${good}`, `${good} `,
-      `${good},v1=${hex}`, `t=${now}, v1=${hex}`, `t=${now},v0=${hex}`, `t=1e9,v1=${hex}`, `t=${'9'.repeat(13)},v1=${hex}`, 'x'.repeat(10_000)]) {
+      `${good},v1=${hex}`, `t=${now}, v1=${hex}`, `t=${now},v0=${hex}`, `t=1e9,v1=${hex}`, `t=${'9'.repeat(13)},v1=${hex}`, 'x'.repeat(10_000),
+      // Leading zeros: not the documented form, although the same time.
+      `t=0${now},v1=${hex}`, `t=00${now},v1=${hex}`]) {
       await proofRefusal(verify(id, escrow, proof), /t=<unix seconds>,v1=/);
     }
   });

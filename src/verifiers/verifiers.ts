@@ -28,7 +28,7 @@ export const PROOF_TOLERANCE_SECONDS = 300;
 export const PROOF_VERDICT = 'completed';
 /** The longest proof string looked at: the format is ~80 characters, anything much longer is not one. */
 const PROOF_LENGTH_MAX = 256;
-const PROOF_FORMAT = /^t=(\d{1,12}),v1=([0-9a-f]{64})$/;
+const PROOF_FORMAT = /^t=(0|[1-9]\d{0,11}),v1=([0-9a-f]{64})$/;
 const SECRET_PREFIX = 'vsec_';
 
 /** A new signing secret: `vsec_` and 256 random bits in base64url. */
