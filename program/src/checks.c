@@ -58,6 +58,15 @@ NOINLINE uint64_t load_escrow(const Context *ctx, AccountHeader *a, Escrow **out
     return SUCCESS;
 }
 
+/* The data is zeroed so that an account given lamports again later in the same transaction is no
+ * state of this program (every loader refuses discriminator 0); the runtime removes an account
+ * left with no lamports at the end of the transaction. */
+NOINLINE void close_program_account(AccountHeader *account, AccountHeader *destination) {
+    sol_memset_(account_data(account), 0, account->data_len);
+    destination->lamports += account->lamports;
+    account->lamports = 0;
+}
+
 uint64_t require_uninitialized(const Context *ctx, const AccountHeader *a) {
     REQUIRE(!key_eq(&a->owner, ctx->program_id), ERR_ALREADY_INITIALIZED);
     REQUIRE(is_system_program(&a->owner), ERR_INVALID_ACCOUNT_OWNER);

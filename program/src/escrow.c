@@ -417,12 +417,7 @@ NOINLINE uint64_t process_escrow_close(const Context *ctx) {
     };
     TRY(token_close_account(&close));
 
-    // The program owns the escrow account, so it closes it itself: the data zeroed, so that an
-    // account given lamports again later in the same transaction is no escrow (every loader
-    // refuses discriminator 0), and every lamport to the operator; the runtime removes an account
-    // left with none at the end of the transaction.
-    sol_memset_(account_data(escrow_account), 0, escrow_account->data_len);
-    operator->lamports += escrow_account->lamports;
-    escrow_account->lamports = 0;
+    // The program owns the escrow account, so it closes it itself.
+    close_program_account(escrow_account, operator);
     return SUCCESS;
 }

@@ -77,12 +77,6 @@ NOINLINE uint64_t process_policy_close(const Context *ctx) {
     TRY(load_policy(ctx, policy_account, &policy));
     REQUIRE(key_eq(&policy->authority, &operator->key), ERR_UNAUTHORIZED);
 
-    // As EscrowClose closes an escrow: the data zeroed, so that an account given lamports again
-    // later in the same transaction is no policy (every loader refuses discriminator 0), and
-    // every lamport to the operator; the runtime removes an account left with none at the end of
-    // the transaction.
-    sol_memset_(account_data(policy_account), 0, policy_account->data_len);
-    operator->lamports += policy_account->lamports;
-    policy_account->lamports = 0;
+    close_program_account(policy_account, operator);
     return SUCCESS;
 }

@@ -93,6 +93,10 @@ uint64_t load_vault(const Context *ctx, AccountHeader *a, Vault **out);
 uint64_t load_policy(const Context *ctx, AccountHeader *a, Policy **out);
 uint64_t load_escrow(const Context *ctx, AccountHeader *a, Escrow **out);
 
+/* Closes an account this program owns (EscrowClose, PolicyClose): its data zeroed and every
+ * lamport to `destination`. */
+void close_program_account(AccountHeader *account, AccountHeader *destination);
+
 /* A state account about to be created: not yet ours (AlreadyInitialized), owned by System. */
 uint64_t require_uninitialized(const Context *ctx, const AccountHeader *a);
 
