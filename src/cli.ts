@@ -314,8 +314,8 @@ const OPERATIONAL_CODES = new Set([
 ]);
 
 function operationalMessage(error: unknown): string | null {
-  // The embedded validator's thread hands its error back by name and message only.
-  if (error instanceof ValidatorLockedError || (error instanceof Error && error.name === 'ValidatorLockedError')) return error.message;
+  // By name: the embedded validator's thread hands its error back by name and message only.
+  if (error instanceof Error && error.name === ValidatorLockedError.name) return error.message;
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code === 'string' && OPERATIONAL_CODES.has(code)) return (error as Error).message;
   // node-postgres reports a refused connection to each of a host's addresses as one AggregateError.
