@@ -22,10 +22,15 @@ export class ServiceClock extends OffsetClock {
     this.raiseOffsetTo(await readOffsetMs(this.#db));
   }
 
-  /** Moves business time forward for every process; returns the new offset. */
-  async advanceBy(seconds: number): Promise<number> {
+  /**
+   * Moves business time forward for every process; returns the new offset, or null (nothing
+   * moved) when the offset would pass `maxOffsetMs`.
+   */
+  async advanceBy(seconds: number, maxOffsetMs = Number.MAX_SAFE_INTEGER): Promise<number | null> {
     const rows = await this.#db.query<{ offset_ms: bigint }>(
-      'UPDATE service_clock SET offset_ms = offset_ms + $1 WHERE id RETURNING offset_ms', [BigInt(seconds) * 1000n]);
+      'UPDATE service_clock SET offset_ms = offset_ms + $1 WHERE id AND offset_ms + $1 <= $2 RETURNING offset_ms',
+      [BigInt(seconds) * 1000n, BigInt(maxOffsetMs)]);
+    if (rows.length === 0) return null;
     const offsetMs = Number(rows[0]!.offset_ms);
     this.raiseOffsetTo(offsetMs);
     return offsetMs;

@@ -325,6 +325,25 @@ describe('test helpers', () => {
     const deposit = await t.request('POST', '/v1/test_helpers/deposits', { key: other.adminKey, body: { amount: '1' } });
     assert.equal(deposit.status, 200, 'deposits into its own reserve stay open to every organisation');
   });
+
+  // Last in this suite: it leaves the clock a century ahead.
+  test('the clock moves a year at most at a time, and a century ahead in all: never to where the database has no time', async () => {
+    const YEAR_S = 366 * 24 * 3600;
+    const tooFar = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: YEAR_S + 1 } });
+    assert.deepEqual([tooFar.status, tooFar.body.error.code, tooFar.body.error.param], [400, 'invalid_request', 'seconds']);
+    let last = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: YEAR_S } });
+    for (let n = 0; last.status === 200 && n < 200; n += 1) {
+      last = await t.request('POST', '/v1/test_helpers/clock/advance', { body: { seconds: YEAR_S } });
+    }
+    assert.deepEqual([last.status, last.body.error?.code, last.body.error?.param], [400, 'invalid_request', 'seconds'], JSON.stringify(last.body));
+    assert.match(last.body.error.message, /^The service clock runs at most 100 years ahead of the wall clock, and is \d+ s ahead already/);
+    const clock = (await t.request('GET', '/v1/test_helpers/clock')).body;
+    assert.ok(clock.offset_seconds <= 100 * YEAR_S && clock.offset_seconds > 99 * YEAR_S, JSON.stringify(clock));
+    // The service still works there: a deposit is written and indexed with the clock's time.
+    const deposit = await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '1' } });
+    assert.equal(deposit.status, 200, JSON.stringify(deposit.body));
+    assert.equal(Date.parse(deposit.body.created_at) >= Date.parse(clock.now), true);
+  });
 });
 
 describe('test helpers where the chain is not the embedded validator', () => {

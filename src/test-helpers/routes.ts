@@ -14,6 +14,12 @@ import { getOrganization } from '../organizations/organizations.ts';
 
 /** One advance moves time by at most a year: a typo must not push the clock decades ahead. */
 const CLOCK_ADVANCE_MAX_SECONDS = 366 * 24 * 3600;
+/**
+ * Nor may advances add up to more than a century: past the year 9999 PostgreSQL has no timestamp,
+ * and a clock that never moves back would leave every write failing for good.
+ */
+export const CLOCK_OFFSET_MAX_YEARS = 100;
+const CLOCK_OFFSET_MAX_MS = CLOCK_OFFSET_MAX_YEARS * 366 * 24 * 3600 * 1000;
 
 const ClockView = Type.Object({
   now: Type.String({ description: 'the service clock, ISO 8601 with milliseconds' }),
@@ -66,7 +72,12 @@ export function testHelperRoutes(app: App, ctx: AppContext): void {
     schema: {
       tags: ['Test helpers'],
       summary: 'Move the service clock (and the chain\'s clock) forward',
-      body: Type.Object({ seconds: Type.Integer({ minimum: 1 }) }, { additionalProperties: false }),
+      body: Type.Object({
+        seconds: Type.Integer({
+          minimum: 1, maximum: CLOCK_ADVANCE_MAX_SECONDS,
+          description: `at most a year (${CLOCK_ADVANCE_MAX_SECONDS}) at a time, and ${CLOCK_OFFSET_MAX_YEARS} years ahead of the wall clock in all`,
+        }),
+      }, { additionalProperties: false }),
       response: { 200: ClockView },
     },
   }, async (request) => {
@@ -78,8 +89,11 @@ export function testHelperRoutes(app: App, ctx: AppContext): void {
         'The service clock is shared by every organisation: only keys of the default organisation may move it.');
     }
     const { seconds } = request.body;
-    if (seconds > CLOCK_ADVANCE_MAX_SECONDS) throw invalidRequest('seconds', `seconds must be at most ${CLOCK_ADVANCE_MAX_SECONDS}`);
-    await ctx.clock.advanceBy(seconds);
+    if (await ctx.clock.advanceBy(seconds, CLOCK_OFFSET_MAX_MS) === null) {
+      await ctx.clock.refresh();
+      throw invalidRequest('seconds', `The service clock runs at most ${CLOCK_OFFSET_MAX_YEARS} years ahead of the wall clock, `
+        + `and is ${Math.floor(ctx.clock.offsetMs / 1000)} s ahead already: this advance would pass that.`);
+    }
     // A standalone validator keeps its own clock: tell it. The embedded one reads ctx.clock.
     if (!ctx.validator && ctx.cheatcodes) await ctx.cheatcodes.agentVault_setTime(ctx.clock.nowMs()).send();
     return clockView();
