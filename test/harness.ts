@@ -49,7 +49,9 @@ export interface TestService {
   close(): Promise<void>;
 }
 
-export async function startTestService(options: { env?: Record<string, string>; workers?: boolean } = {}): Promise<TestService> {
+export async function startTestService(
+  options: { env?: Record<string, string>; workers?: boolean; logger?: pino.Logger } = {},
+): Promise<TestService> {
   const dataDir = mkdtempSync(join(tmpdir(), 'av-test-'));
   const databaseUrl = process.env.DATABASE_URL;
   const schema = databaseUrl ? `t_${randomBytes(6).toString('hex')}` : undefined;
@@ -67,7 +69,7 @@ export async function startTestService(options: { env?: Record<string, string>; 
     ...options.env,
   });
   const service = await buildService(config, {
-    inMemoryDatabase: true, schema, scheduleJobs: false, workers: options.workers ?? true, logger: pino({ level: process.env.TEST_LOG ?? 'silent' }),
+    inMemoryDatabase: true, schema, scheduleJobs: false, workers: options.workers ?? true, logger: options.logger ?? pino({ level: process.env.TEST_LOG ?? 'silent' }),
   });
   const { ctx, app } = service;
 

@@ -52,6 +52,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     http: {
       headersTimeout: Math.min(HEADERS_TIMEOUT_MS, requestTimeoutMs),
       connectionsCheckingInterval: Math.min(5_000, requestTimeoutMs),
+      // Node would answer an HTTP/1.1 request without a Host header with a bare 400 of its own:
+      // the onRequest hook below refuses it in the API's error shape instead.
+      requireHostHeader: false,
     },
     // Refused by Node's parser or its timeouts, before Fastify has a request: the API's error shape.
     clientErrorHandler: (error, socket) => answerClientError(ctx, error, socket),
@@ -94,16 +97,30 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   // proxy or a signature check in front may read the first value where JSON.parse keeps the last.
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
-  app.addContentTypeParser('application/json', { parseAs: 'string' }, (request, text, done) => {
-    parseJson(request, text as string, (error, body) => {
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, raw, done) => {
+    // JSON is UTF-8 (RFC 8259 §8.1): bytes that are not, or a body declared in another charset,
+    // are refused, not read with U+FFFD in their place (a memo, a name, the key's hash changed).
+    const charset = CHARSET.exec(request.headers['content-type'] ?? '')?.[1]?.toLowerCase();
+    if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
+      done(invalidRequest('body', `The body is declared as ${charset}: send JSON in UTF-8 (charset=utf-8, or no charset).`), undefined);
+      return;
+    }
+    let text: string;
+    try {
+      text = UTF8.decode(raw as Buffer);
+    } catch {
+      done(invalidRequest('body', 'The body is not valid UTF-8, which JSON must be.'), undefined);
+      return;
+    }
+    parseJson(request, text, (error, body) => {
       if (error) {
         // Valid JSON that Fastify's parser refused: a `__proto__` key, or `constructor.prototype`.
-        done(parsesAsJson(text as string)
+        done(parsesAsJson(text)
           ? invalidRequest('body', 'The body has a "__proto__" or "constructor.prototype" key, which is not allowed.')
           : error, undefined);
         return;
       }
-      const twice = duplicateKeyPath(text as string);
+      const twice = duplicateKeyPath(text);
       if (twice) {
         const param = twice.map(toSnakeCase).join('.');
         done(invalidRequest(param, `"${param}" is given twice.`), undefined);
@@ -124,11 +141,21 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     }
   });
   app.addHook('onRequest', async (request) => {
+    const { headers } = request;
+    if (headers.host === undefined && request.raw.httpVersion === '1.1') {
+      throw invalidRequest('host', 'The request has no Host header, which HTTP/1.1 requires.');
+    }
     // No body at all, with a JSON content type (a client sending the header on every call): no
     // body, as without the header, rather than "not valid JSON". A body that is sent must parse.
-    const { headers } = request;
     if (headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0')) {
       delete headers['content-type'];
+      return;
+    }
+    // A compressed body is not decoded: refused as such, rather than run as if the header were
+    // absent (a plain body so labelled) or called "not valid JSON" (a compressed one).
+    const encoding = headers['content-encoding']?.trim().toLowerCase();
+    if (encoding && encoding !== 'identity') {
+      throw invalidRequest('body', `The body is sent with Content-Encoding ${encoding}, which this API does not decode: send it uncompressed.`);
     }
   });
   // Every authenticated request is counted against its key, whatever its answer (DESIGN §3's 429
@@ -251,6 +278,9 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
   const service = toServiceError(error, request.routeOptions.bodyLimit ?? BODY_LIMIT_BYTES);
   if (service.code === 'internal_error') {
     request.log.error({ err: error }, 'unhandled error');
+  } else if (clientHungUp(error)) {
+    // No answer reaches it, and it is no sign of the database or the chain being down.
+    request.log.info('the client closed its connection before its body arrived');
   } else if (service.code === 'service_unavailable' && service.retryAfterS === null) {
     // A 503 that says when to retry (retryShortly) is a wait, not an outage.
     request.log.warn({ err: error }, 'dependency unavailable');
@@ -322,6 +352,7 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
       break;
   }
   if (fastifyError.statusCode === 429) return new ServiceError('rate_limited', fastifyError.message);
+  if (clientHungUp(error)) return new ServiceError('invalid_request', 'The connection closed before the body arrived in full.', { param: 'body' });
   if (dependencyDown(error)) {
     return new ServiceError('service_unavailable', 'The database or the chain is not answering; retry (with the same idempotency key).');
   }
@@ -329,6 +360,11 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
     return new ServiceError('invalid_request', 'The request is malformed.', { param: 'body' });
   }
   return new ServiceError('internal_error', 'An internal error occurred.');
+}
+
+/** The client closed its connection while sending its body: the read's error, which Fastify marks 400. */
+function clientHungUp(error: FastifyError | ServiceError): boolean {
+  return !(error instanceof ServiceError) && error.code === 'ECONNRESET' && error.statusCode === 400;
 }
 
 /** An Ajv error, with the schema and data `verbose` adds. */
@@ -429,6 +465,10 @@ function unstorableText(value: unknown, path: string): { path: string; what: str
 }
 
 /** A lone surrogate: a high one not followed by a low one, or a low one not after a high one. */
+/** The charset parameter of a Content-Type (`application/json; charset="latin1"`). */
+const CHARSET = /;\s*charset\s*=\s*"?([^";\s]*)"?/i;
+/** Refuses bytes that are not UTF-8; keeps a byte order mark (JSON.parse then refuses the body). */
+const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 function unstorableIn(text: string): string | null {

@@ -5,8 +5,11 @@
  * refusal Node's parser makes is answered in the API's error shape.
  */
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import { connect, type AddressInfo, type Socket } from 'node:net';
+import { Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
+import pino from 'pino';
 import { ADMIN_KEY, startTestService, type TestService } from '../../test/harness.ts';
 import { startReceiver } from '../webhooks/testing.ts';
 
@@ -87,6 +90,16 @@ describe('HTTP connections', () => {
     }
   });
 
+  test('an HTTP/1.1 request without a Host header is answered 400 in the API\'s shape', async () => {
+    const answer = await exchange(port, `GET /v1/organization HTTP/1.1\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
+    assert.equal(answer.status, 400, JSON.stringify(answer));
+    assert.deepEqual([answer.body.error.code, answer.body.error.param], ['invalid_request', 'host']);
+    assert.equal(answer.body.error.message, 'The request has no Host header, which HTTP/1.1 requires.');
+    assert.equal(answer.headers['request-id'], answer.body.error.request_id);
+    const old = await exchange(port, `GET /v1/organization HTTP/1.0\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+    assert.equal(old.status, 200, 'HTTP/1.0 has no Host header to require');
+  });
+
   test('headers over 16 KiB are answered 431 in the API\'s shape', async () => {
     const answer = await exchange(port, `GET /v1/wallets HTTP/1.1\r\nHost: localhost\r\nX-Big: ${'a'.repeat(17 * 1024)}\r\n\r\n`);
     assert.equal(answer.status, 431, JSON.stringify(answer));
@@ -124,5 +137,31 @@ describe('HTTP connections at the most allowed', () => {
     const answer = await exchange(port, `GET /v1/organization HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
     assert.equal(answer.status, 200, JSON.stringify(answer));
     for (const socket of held) socket.destroy();
+  });
+});
+
+describe('HTTP connections closed by the client', () => {
+  const lines: Array<{ level: number; msg: string }> = [];
+  let t: TestService;
+  let port: number;
+  before(async () => {
+    const sink = new Writable({ write(chunk, _encoding, done) { lines.push(JSON.parse(String(chunk))); done(); } });
+    t = await startTestService({ workers: false, logger: pino({ level: 'info' }, sink) });
+    await t.service.app.listen({ port: 0, host: '127.0.0.1' });
+    port = (t.service.app.server.address() as AddressInfo).port;
+  });
+  after(async () => { await t.close(); });
+
+  test('a client that hangs up in the middle of its body is not logged as the database or the chain being down', async () => {
+    const socket = connect(port, '127.0.0.1');
+    await once(socket, 'connect');
+    socket.write(partialPost(`Authorization: Bearer ${ADMIN_KEY}\r\n`));
+    // Once the service is reading the body (its request logged), the client goes.
+    while (!lines.some((line) => line.msg === 'incoming request')) await new Promise((resolve) => setTimeout(resolve, 5));
+    socket.destroy();
+    const gone = 'the client closed its connection before its body arrived';
+    while (!lines.some((line) => line.msg === gone || line.level >= 40)) await new Promise((resolve) => setTimeout(resolve, 5));
+    assert.deepEqual(lines.filter((line) => line.level >= 40).map((line) => line.msg), [], 'no warning, no error');
+    assert.equal((await t.request('GET', '/v1/organization')).status, 200, 'the service goes on serving');
   });
 });

@@ -539,6 +539,31 @@ describe('request conventions', () => {
     assert.deepEqual(await send('{"walletId":'), [400, 'invalid_request', 'body', 'The body is not valid JSON.']);
   });
 
+  test('a body that is not UTF-8, declared in another charset or compressed is refused, and nothing is made', async () => {
+    // This suite's limit is 5 requests a minute per key.
+    const key = await t.createKey('admin');
+    const agentId = `encoding-${process.pid}`;
+    const send = async (payload: Buffer, headers: Record<string, string> = {}) => {
+      const response = await t.service.app.inject({
+        method: 'POST', url: '/v1/wallets', payload,
+        headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...headers },
+      });
+      const { error } = JSON.parse(response.body);
+      return [response.statusCode, error?.code, error?.param, error?.message];
+    };
+    const body = (label: Buffer) => Buffer.concat([Buffer.from(`{"agentId":"${agentId}","policyId":"pol_moderate","label":"`), label, Buffer.from('"}')]);
+    assert.deepEqual(await send(body(Buffer.from([0x69, 0x6e, 0x76, 0xff, 0xfe]))),
+      [400, 'invalid_request', 'body', 'The body is not valid UTF-8, which JSON must be.'], 'bytes that are not UTF-8');
+    assert.deepEqual(await send(body(Buffer.from('caf\xe9', 'latin1')), { 'content-type': 'application/json; charset=latin1' }),
+      [400, 'invalid_request', 'body', 'The body is declared as latin1: send JSON in UTF-8 (charset=utf-8, or no charset).']);
+    assert.deepEqual(await send(body(Buffer.from('plain')), { 'content-encoding': 'gzip' }), [400, 'invalid_request', 'body',
+      'The body is sent with Content-Encoding gzip, which this API does not decode: send it uncompressed.'], 'labelled gzip');
+    const listed = await t.request('GET', '/v1/wallets?limit=100', { key });
+    assert.deepEqual(listed.body.data.filter((w: { agent_id: string }) => w.agent_id === agentId), [], 'no wallet was made');
+    assert.deepEqual(await send(body(Buffer.from('caf\u00e9 \u{1f600}')), { 'content-type': 'application/json; charset="UTF-8"', 'content-encoding': 'identity' }),
+      [200, undefined, undefined, undefined], 'UTF-8, declared or not, uncompressed, is taken');
+  });
+
   test('a DELETE takes no field: one sent is refused and nothing is deleted', async () => {
     // This suite's limit is 5 requests a minute per key.
     const key = await t.createKey('admin');
