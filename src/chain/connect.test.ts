@@ -79,7 +79,7 @@ test('AGENT_VAULT_ARBITER_KEY gives every process the same arbiter, whatever its
     const env = { AGENT_VAULT_ARBITER_KEY: encodeSecretKeyBase58(secret) };
     const expected = (await createKeyPairSignerFromBytes(secret)).address;
     assert.deepEqual([await arbiterOf('c', env), await arbiterOf('d', env)], [expected, expected]);
-    await assert.rejects(arbiterOf('e', { AGENT_VAULT_ARBITER_KEY: 'not a key' }), /AGENT_VAULT_ARBITER_KEY is not a valid secret key/);
+    await assert.rejects(arbiterOf('e', { AGENT_VAULT_ARBITER_KEY: 'not a key' }), /AGENT_VAULT_ARBITER_KEY: not a valid secret key/, 'refused with the configuration, before anything is opened');
   } finally {
     await rpc.close();
     await validator.close();

@@ -3,6 +3,7 @@
  * start: a bad value stops start-up with a message naming the variable.
  */
 import { looksLikeApiKey } from '../auth/api-keys.ts';
+import { parseSecretKey } from '../chain/operator-key.ts';
 import { resolve } from 'node:path';
 
 export interface Config {
@@ -57,6 +58,18 @@ type Env = Record<string, string | undefined>;
 function text(env: Env, name: string): string | null {
   const value = env[name];
   return value === undefined || value.trim() === '' ? null : value.trim();
+}
+
+/** A Solana secret key (base58 or a JSON array of 64 bytes), checked with the rest at start. */
+function secretKey(env: Env, name: string): string | null {
+  const value = text(env, name);
+  if (value === null) return null;
+  try {
+    parseSecretKey(value);
+  } catch (error) {
+    throw new ConfigError(name, `not a valid secret key: ${(error as Error).message}`);
+  }
+  return value;
 }
 
 function integer(env: Env, name: string, fallback: number, min: number, max: number): number {
@@ -139,8 +152,8 @@ export function loadConfig(env: Env = process.env): Config {
     policiesPerOrgMax: integer(env, 'AGENT_VAULT_POLICIES_PER_ORG_MAX', 1_000, 1, 1_000_000),
     requestTimeoutSeconds: integer(env, 'AGENT_VAULT_REQUEST_TIMEOUT_SECONDS', 30, 1, 600),
     maxConnections: integer(env, 'AGENT_VAULT_MAX_CONNECTIONS', 10_000, 1, 1_000_000),
-    operatorKey: text(env, 'AGENT_VAULT_OPERATOR_KEY'),
-    arbiterKey: text(env, 'AGENT_VAULT_ARBITER_KEY'),
+    operatorKey: secretKey(env, 'AGENT_VAULT_OPERATOR_KEY'),
+    arbiterKey: secretKey(env, 'AGENT_VAULT_ARBITER_KEY'),
     programId,
     usdcMint,
   };
