@@ -464,11 +464,11 @@ function unstorableText(value: unknown, path: string): { path: string; what: str
   return null;
 }
 
-/** A lone surrogate: a high one not followed by a low one, or a low one not after a high one. */
 /** The charset parameter of a Content-Type (`application/json; charset="latin1"`). */
-const CHARSET = /;\s*charset\s*=\s*"?([^";\s]*)"?/i;
+const CHARSET = /;\s*charset\s*=\s*"?([^";\s]+)"?/i;
 /** Refuses bytes that are not UTF-8; keeps a byte order mark (JSON.parse then refuses the body). */
 const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+/** A lone surrogate: a high one not followed by a low one, or a low one not after a high one. */
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 function unstorableIn(text: string): string | null {
