@@ -63,6 +63,9 @@ export async function startTestService(
     AGENT_VAULT_VALIDATOR_THREAD: 'off',
     AGENT_VAULT_BOOTSTRAP_KEY: ADMIN_KEY,
     AGENT_VAULT_RATE_LIMIT_PER_MINUTE: '100000',
+    // The test and the service share one event loop, which a test's own bursts keep busy: load
+    // shedding is for a process serving clients (src/http/shedding.test.ts turns it on).
+    AGENT_VAULT_MAX_EVENT_LOOP_DELAY_MS: '0',
     AGENT_VAULT_DOCS_URL: 'https://docs.agent-vault.test',
     LOG_LEVEL: 'silent',
     ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),

@@ -33,6 +33,11 @@ export interface Config {
   requestTimeoutSeconds: number;
   /** HTTP connections open at once; further ones are closed as they arrive */
   maxConnections: number;
+  /**
+   * The event loop's mean delay over a second above which new requests are refused 503 with
+   * Retry-After (the process is overloaded); 0 = never
+   */
+  maxEventLoopDelayMs: number;
   logLevel: 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
   /** the operator's 64-byte secret key (JSON array or base58); null = generated into dataDir */
   operatorKey: string | null;
@@ -152,6 +157,7 @@ export function loadConfig(env: Env = process.env): Config {
     policiesPerOrgMax: integer(env, 'AGENT_VAULT_POLICIES_PER_ORG_MAX', 1_000, 1, 1_000_000),
     requestTimeoutSeconds: integer(env, 'AGENT_VAULT_REQUEST_TIMEOUT_SECONDS', 30, 1, 600),
     maxConnections: integer(env, 'AGENT_VAULT_MAX_CONNECTIONS', 10_000, 1, 1_000_000),
+    maxEventLoopDelayMs: integer(env, 'AGENT_VAULT_MAX_EVENT_LOOP_DELAY_MS', 200, 0, 60_000),
     operatorKey: secretKey(env, 'AGENT_VAULT_OPERATOR_KEY'),
     arbiterKey: secretKey(env, 'AGENT_VAULT_ARBITER_KEY'),
     programId,

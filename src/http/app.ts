@@ -10,9 +10,10 @@ import Fastify, {
   type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, type FastifyRequest, type RawServerDefault,
 } from 'fastify';
 import rateLimit from '@fastify/rate-limit';
+import underPressure from '@fastify/under-pressure';
 import { SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
-import { ERROR_CODES, ServiceError, invalidRequest, type ErrorCode } from '../errors/errors.ts';
+import { ERROR_CODES, ServiceError, invalidRequest, retryShortly, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate, principalOf } from './auth.ts';
 import { duplicateKeyPath } from './duplicate-keys.ts';
@@ -158,6 +159,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       throw invalidRequest('body', `The body is sent with Content-Encoding ${encoding}, which this API does not decode: send it uncompressed.`);
     }
   });
+  await app.register(underPressure, sheddingOptions(app, ctx));
   // Every authenticated request is counted against its key, whatever its answer (DESIGN §3's 429
   // with Retry-After): authenticate calls the limiter between the key's read and the role check,
   // before any body is parsed. Unauthenticated requests are not counted (docs/decisions.md).
@@ -221,7 +223,8 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     sendError(ctx, new ServiceError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`), request, reply));
 
   await registerDocs(app, ctx);
-  app.get('/healthz', { schema: { hide: true } }, async (_request, reply) => {
+  // Answered under load too (it reads the database and the chain, as it says it does).
+  app.get('/healthz', { schema: { hide: true }, config: { pressureHandler: () => null } }, async (_request, reply) => {
     try {
       await ctx.db.query('SELECT 1');
       await ctx.chain.getHealth();
@@ -232,6 +235,47 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   });
   registerRoutes(app, ctx);
   return app;
+}
+
+/** The event loop's delay is averaged over this long, and the limit applied to each average. */
+const SHEDDING_SAMPLE_MS = 1_000;
+/** How long a client refused for load is told to wait. */
+export const OVERLOADED_RETRY_AFTER_S = 2;
+/** An overload is logged at most this often, with the requests refused since. */
+const OVERLOAD_LOG_INTERVAL_MS = 10_000;
+
+/**
+ * Load shedding: while the event loop's mean delay over the last second is above
+ * AGENT_VAULT_MAX_EVENT_LOOP_DELAY_MS, every new request is refused 503 with Retry-After before
+ * anything else is done for it (no key read, no body), so that the requests already taken finish
+ * and the queue stops growing. Without it, an overloaded process (PGlite's one connection busy
+ * all the time, say) took every request and answered them 10–47 s later. The mean, not the
+ * longest stall: one slow statement does not refuse anyone, a loop that is late all the time does.
+ */
+function sheddingOptions(app: App, ctx: AppContext): Parameters<typeof underPressure>[1] {
+  let refused = 0;
+  let loggedAtMs = 0;
+  // The second a process starts in, its loop is taken by the start itself (the database opened,
+  // migrations, the program deployed): that second's delay says nothing of load, and the first
+  // requests after it are let through.
+  let readyAtMs = Infinity;
+  app.addHook('onReady', async () => { readyAtMs = Date.now(); });
+  return {
+    maxEventLoopDelay: ctx.config.maxEventLoopDelayMs,
+    sampleInterval: SHEDDING_SAMPLE_MS,
+    pressureHandler: async (request, _reply, _type, value) => {
+      if (Date.now() - readyAtMs < 2 * SHEDDING_SAMPLE_MS) return;
+      refused += 1;
+      const nowMs = Date.now();
+      if (nowMs - loggedAtMs >= OVERLOAD_LOG_INTERVAL_MS) {
+        request.log.warn({ eventLoopDelayMs: Math.round(value ?? 0), refused }, 'overloaded: refusing new requests');
+        loggedAtMs = nowMs;
+        refused = 0;
+      }
+      throw retryShortly(`The service is overloaded (its event loop is ${Math.round(value ?? 0)} ms late); retry in `
+        + `${OVERLOADED_RETRY_AFTER_S} s. Nothing of this request was done.`, OVERLOADED_RETRY_AFTER_S);
+    },
+  };
 }
 
 /**

@@ -79,6 +79,8 @@ function baseEnv(dataDir: string, databaseUrl: string | null): Record<string, st
     ...process.env as Record<string, string>,
     AGENT_VAULT_DATA_DIR: dataDir, PORT: '0', LOG_LEVEL: 'info',
     AGENT_VAULT_BOOTSTRAP_KEY: ADMIN_KEY, AGENT_VAULT_RATE_LIMIT_PER_MINUTE: '1000000', AGENT_VAULT_TEST_HELPERS: 'on',
+    // What is tested is what a crash leaves, not how a busy process sheds load.
+    AGENT_VAULT_MAX_EVENT_LOOP_DELAY_MS: '0',
   };
   delete env.DATABASE_URL;
   delete env.AGENT_VAULT_RPC_URL;
