@@ -7,7 +7,9 @@
  *
  * Persisted as JSON-lines segment files under `<dataDir>/transactions/`: `<n>.jsonl` holds the
  * status lines, `<n>.detail.jsonl` the details, each segment `segmentEntries` transactions.
- * Whole old segments are deleted once the newer ones hold `capacity` entries. A batch is
+ * Whole old segments are deleted once the newer ones hold `capacity` entries, and their detail
+ * files once the newer ones hold `detailCapacity` (so on disk: at most `capacity` statuses and
+ * `detailCapacity` details, each plus up to two segments' worth). A batch is
  * appended and flushed before the chain snapshot that contains its effects is written, and
  * lines newer than the snapshot (a crash in between) are cut off at load. Status lines carry the
  * message's account keys, so the address index is rebuilt at load without the detail files.
@@ -162,6 +164,8 @@ export class TransactionStore {
   #segmentCount = 0;
   #statusHandle: FileHandle | null = null;
   #detailHandle: FileHandle | null = null;
+  /** Segments whose status lines lack account keys, read from their details at load. */
+  readonly #keysInDetails = new Set<number>();
 
   constructor(dir: string | null, options: TransactionStoreOptions = {}) {
     this.capacity = options.capacity ?? DEFAULT_CAPACITY;
@@ -274,7 +278,7 @@ export class TransactionStore {
       .filter((n): n is string => n !== undefined)
       .map(Number)
       .sort((a, b) => a - b);
-    const detailFrom = Math.max(0, this.#segments.length - Math.ceil(this.detailCapacity / this.segmentEntries) - 1);
+    const detailFrom = Math.max(0, this.#segments.length - this.#detailSegments());
     this.#segments.forEach((segment, index) => {
       let dropped = false;
       const statusLines = this.#readLines(this.#statusPath(segment), (line: StatusLine) => line.q <= maxSeq, () => {
@@ -285,6 +289,7 @@ export class TransactionStore {
       // for the account keys of status lines written before the lines carried them.
       const keepDetails = index >= detailFrom;
       const keysMissing = statusLines.some((line) => line.k === undefined);
+      if (keysMissing) this.#keysInDetails.add(segment);
       const detailLines = keepDetails || dropped || keysMissing
         ? this.#readLines(this.#detailPath(segment), (line: DetailLine) => line.q <= maxSeq)
         : [];
@@ -424,8 +429,21 @@ export class TransactionStore {
     const keep = Math.ceil(this.capacity / this.segmentEntries) + 1;
     while (this.#segments.length > keep) {
       const old = this.#segments.shift()!;
+      this.#keysInDetails.delete(old);
       await Promise.all([unlink(this.#statusPath(old)).catch(() => {}), unlink(this.#detailPath(old)).catch(() => {})]);
     }
+    // Nor are the details of segments beyond the detail capacity, which load reads no more: kept,
+    // they made the data dir hold a million transactions' wire bytes and logs (~2.6 GB) to serve
+    // twenty thousand. Except where the status lines lack their account keys (written before
+    // they carried them): those are read from the details.
+    for (const old of this.#segments.slice(0, -this.#detailSegments())) {
+      if (!this.#keysInDetails.has(old)) await unlink(this.#detailPath(old)).catch(() => {});
+    }
+  }
+
+  /** How many of the newest segments hold the details that are kept (load reads those alone). */
+  #detailSegments(): number {
+    return Math.ceil(this.detailCapacity / this.segmentEntries) + 1;
   }
 
   async #closeHandles(): Promise<void> {
