@@ -4,7 +4,7 @@
  * data dir on first start (mode 0600). The secret never leaves this module: callers get a
  * signer whose private key is a non-extractable CryptoKey, and nothing here logs it.
  */
-import { generateKeyPairSync } from 'node:crypto';
+import { createPrivateKey, createPublicKey, generateKeyPairSync } from 'node:crypto';
 import { chmodSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { createKeyPairSignerFromBytes, getBase58Decoder, getBase58Encoder, type KeyPairSigner } from '@solana/kit';
@@ -38,8 +38,17 @@ export function parseSecretKey(text: string): Uint8Array {
     }
   }
   if (bytes.length !== 64) throw new Error(`a secret key has 64 bytes, this one has ${bytes.length}`);
+  // Seed ‖ public key: a key altered or pasted together from two would sign as neither.
+  const seed = createPrivateKey({ key: Buffer.concat([PKCS8_ED25519_SEED_PREFIX, bytes.subarray(0, 32)]), format: 'der', type: 'pkcs8' });
+  const publicKey = createPublicKey(seed).export({ format: 'der', type: 'spki' }).subarray(-32);
+  if (!publicKey.equals(bytes.subarray(32))) {
+    throw new Error('its last 32 bytes are not the public key of its first 32 (a key altered, or put together from two)');
+  }
   return bytes;
 }
+
+/** PKCS #8 DER of an Ed25519 private key, up to its 32-byte seed (RFC 8410). */
+const PKCS8_ED25519_SEED_PREFIX = Buffer.from('302e020100300506032b657004220420', 'hex');
 
 /** A new 64-byte secret key (seed ‖ public key), as the Solana CLI writes them. */
 export function generateSecretKey(): Uint8Array {

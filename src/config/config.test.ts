@@ -33,6 +33,8 @@ test('a bad value stops start-up with a message naming the variable', () => {
     [{ AGENT_VAULT_BOOTSTRAP_KEY: 'abcdefghij+klmnopqrstuvwxyz/0123=' }, /^AGENT_VAULT_BOOTSTRAP_KEY: must be at most 256/],
     [{ AGENT_VAULT_OPERATOR_KEY: 'garbage' }, /^AGENT_VAULT_OPERATOR_KEY: not a valid secret key: a secret key has 64 bytes/],
     [{ AGENT_VAULT_ARBITER_KEY: '[1,2,3' }, /^AGENT_VAULT_ARBITER_KEY: not a valid secret key: a key starting with "\[" must be a JSON array/],
+    [{ AGENT_VAULT_OPERATOR_KEY: JSON.stringify(Array(64).fill(7)) },
+      /^AGENT_VAULT_OPERATOR_KEY: not a valid secret key: its last 32 bytes are not the public key of its first 32/],
   ];
   for (const [env, message] of cases) {
     assert.throws(() => loadConfig(env), (error: unknown) => error instanceof ConfigError && message.test(error.message));

@@ -37,7 +37,7 @@ export const ERROR_CODES = {
   escrow_already_settled: { status: 422, description: 'The escrow was already released, refunded or disputed.' },
   rate_limited: { status: 429, description: 'Too many requests for this API key: wait for the number of seconds in `Retry-After`.' },
   internal_error: { status: 500, description: 'Something went wrong on our side. The request id helps us find it.' },
-  service_unavailable: { status: 503, description: 'A dependency (database or chain) is not answering, or what the request needs is still under way: retry (after `Retry-After` seconds when given) with the same idempotency key.' },
+  service_unavailable: { status: 503, description: 'A dependency (database or chain) is not answering, what the request needs is still under way, or the service is overloaded (refused before anything was done): retry (after `Retry-After` seconds when given) with the same idempotency key.' },
 } as const;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

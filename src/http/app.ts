@@ -99,11 +99,21 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   const parseJson = app.getDefaultJsonParser('error', 'error');
   app.removeContentTypeParser('application/json');
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (request, raw, done) => {
-    // JSON is UTF-8 (RFC 8259 §8.1): bytes that are not, or a body declared in another charset,
-    // are refused, not read with U+FFFD in their place (a memo, a name, the key's hash changed).
+    // Read after the key and its permission are checked (docs/api-keys.md, the order of checks).
+    // A compressed body is not decoded: refused as such, rather than run as if the header were
+    // absent (a plain body so labelled) or called "not valid JSON" (a compressed one).
+    const encoding = request.headers['content-encoding']?.trim().toLowerCase();
+    if (encoding && encoding !== 'identity') {
+      done(invalidRequest('body', `The body is sent with Content-Encoding ${encoding}, which this API does not decode: send it uncompressed.`), undefined);
+      return;
+    }
+    // JSON is UTF-8 (RFC 8259 §8.1): bytes that are not are refused, not read with U+FFFD in their
+    // place (a memo, a name, the idempotency key's hash changed). A body declared in another
+    // charset is taken when it is ASCII, which every such charset reads alike; with other bytes
+    // it is refused, as they mean something else there.
     const charset = CHARSET.exec(request.headers['content-type'] ?? '')?.[1]?.toLowerCase();
-    if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
-      done(invalidRequest('body', `The body is declared as ${charset}: send JSON in UTF-8 (charset=utf-8, or no charset).`), undefined);
+    if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8' && !isAscii(raw as Buffer)) {
+      done(invalidRequest('body', `The body is declared as ${charset} and is not ASCII: send JSON in UTF-8 (charset=utf-8, or no charset).`), undefined);
       return;
     }
     let text: string;
@@ -150,16 +160,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     // body, as without the header, rather than "not valid JSON". A body that is sent must parse.
     if (headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0')) {
       delete headers['content-type'];
-      return;
-    }
-    // A compressed body is not decoded: refused as such, rather than run as if the header were
-    // absent (a plain body so labelled) or called "not valid JSON" (a compressed one).
-    const encoding = headers['content-encoding']?.trim().toLowerCase();
-    if (encoding && encoding !== 'identity') {
-      throw invalidRequest('body', `The body is sent with Content-Encoding ${encoding}, which this API does not decode: send it uncompressed.`);
     }
   });
-  await app.register(underPressure, sheddingOptions(app, ctx));
+  await registerShedding(app, ctx);
   // Every authenticated request is counted against its key, whatever its answer (DESIGN §3's 429
   // with Retry-After): authenticate calls the limiter between the key's read and the role check,
   // before any body is parsed. Unauthenticated requests are not counted (docs/decisions.md).
@@ -252,7 +255,7 @@ const OVERLOAD_LOG_INTERVAL_MS = 10_000;
  * all the time, say) took every request and answered them 10–47 s later. The mean, not the
  * longest stall: one slow statement does not refuse anyone, a loop that is late all the time does.
  */
-function sheddingOptions(app: App, ctx: AppContext): Parameters<typeof underPressure>[1] {
+async function registerShedding(app: App, ctx: AppContext): Promise<void> {
   let refused = 0;
   let loggedAtMs = 0;
   // The second a process starts in, its loop is taken by the start itself (the database opened,
@@ -260,7 +263,7 @@ function sheddingOptions(app: App, ctx: AppContext): Parameters<typeof underPres
   // requests after it are let through.
   let readyAtMs = Infinity;
   app.addHook('onReady', async () => { readyAtMs = Date.now(); });
-  return {
+  await app.register(underPressure, {
     maxEventLoopDelay: ctx.config.maxEventLoopDelayMs,
     sampleInterval: SHEDDING_SAMPLE_MS,
     pressureHandler: async (request, _reply, _type, value) => {
@@ -275,7 +278,15 @@ function sheddingOptions(app: App, ctx: AppContext): Parameters<typeof underPres
       throw retryShortly(`The service is overloaded (its event loop is ${Math.round(value ?? 0)} ms late); retry in `
         + `${OVERLOADED_RETRY_AFTER_S} s. Nothing of this request was done.`, OVERLOADED_RETRY_AFTER_S);
     },
-  };
+  });
+  // After the plugin's hook, so run for requests it took: the first taken after refusals (other
+  // than /healthz, always taken) ends the overload, and the refusals not logged yet are.
+  app.addHook('onRequest', async (request) => {
+    if (refused === 0 || request.routeOptions.url === '/healthz') return;
+    request.log.warn({ refused }, 'overload over: serving requests again');
+    refused = 0;
+    loggedAtMs = 0;
+  });
 }
 
 /**
@@ -510,8 +521,12 @@ function unstorableText(value: unknown, path: string): { path: string; what: str
 
 /** The charset parameter of a Content-Type (`application/json; charset="latin1"`). */
 const CHARSET = /;\s*charset\s*=\s*"?([^";\s]+)"?/i;
-/** Refuses bytes that are not UTF-8; keeps a byte order mark (JSON.parse then refuses the body). */
+/** Refuses bytes that are not UTF-8; leaves a byte order mark in (the JSON parser skips it). */
 const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+function isAscii(bytes: Buffer): boolean {
+  return bytes.every((byte) => byte < 0x80);
+}
+
 /** A lone surrogate: a high one not followed by a low one, or a low one not after a high one. */
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 

@@ -555,13 +555,26 @@ describe('request conventions', () => {
     assert.deepEqual(await send(body(Buffer.from([0x69, 0x6e, 0x76, 0xff, 0xfe]))),
       [400, 'invalid_request', 'body', 'The body is not valid UTF-8, which JSON must be.'], 'bytes that are not UTF-8');
     assert.deepEqual(await send(body(Buffer.from('caf\xe9', 'latin1')), { 'content-type': 'application/json; charset=latin1' }),
-      [400, 'invalid_request', 'body', 'The body is declared as latin1: send JSON in UTF-8 (charset=utf-8, or no charset).']);
+      [400, 'invalid_request', 'body', 'The body is declared as latin1 and is not ASCII: send JSON in UTF-8 (charset=utf-8, or no charset).']);
     assert.deepEqual(await send(body(Buffer.from('plain')), { 'content-encoding': 'gzip' }), [400, 'invalid_request', 'body',
       'The body is sent with Content-Encoding gzip, which this API does not decode: send it uncompressed.'], 'labelled gzip');
     const listed = await t.request('GET', '/v1/wallets?limit=100', { key });
     assert.deepEqual(listed.body.data.filter((w: { agent_id: string }) => w.agent_id === agentId), [], 'no wallet was made');
     assert.deepEqual(await send(body(Buffer.from('caf\u00e9 \u{1f600}')), { 'content-type': 'application/json; charset="UTF-8"', 'content-encoding': 'identity' }),
       [200, undefined, undefined, undefined], 'UTF-8, declared or not, uncompressed, is taken');
+
+    // ASCII reads alike in every charset a client may declare; and the body is judged only after
+    // the key and its permission (docs/api-keys.md, the order of checks).
+    const ascii = await t.service.app.inject({
+      method: 'POST', url: '/v1/wallets', payload: JSON.stringify({ agentId: `${agentId}-ascii`, policyId: 'pol_moderate', label: 'plain' }),
+      headers: { authorization: `Bearer ${await t.createKey('admin')}`, 'content-type': 'application/json; charset=ISO-8859-1' },
+    });
+    assert.equal(ascii.statusCode, 200, ascii.body);
+    const gzip = { 'content-type': 'application/json', 'content-encoding': 'gzip' };
+    const viewer = await t.service.app.inject({ method: 'POST', url: '/v1/wallets', payload: '{}', headers: { authorization: `Bearer ${await t.createKey('viewer')}`, ...gzip } });
+    assert.equal(viewer.statusCode, 403, viewer.body);
+    const nobody = await t.service.app.inject({ method: 'POST', url: '/v1/wallets', payload: '{}', headers: gzip });
+    assert.equal(nobody.statusCode, 401, nobody.body);
   });
 
   test('a DELETE takes no field: one sent is refused and nothing is deleted', async () => {
