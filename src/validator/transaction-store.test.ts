@@ -151,13 +151,26 @@ describe('TransactionStore address index', () => {
         `${JSON.stringify({ q: 1, s: signature, sl: 5, t: 0, e: null, cu: 150, f: 5000 })}\n`);
       writeFileSync(join(dir, '00000001.detail.jsonl'),
         `${JSON.stringify({ s: signature, q: 1, tx: Buffer.from(wire).toString('base64'), l: [], pre: ['1'], post: ['1'] })}\n`);
-      const store = new TransactionStore(dir, { capacity: 300, detailCapacity: 50 });
+      const store = new TransactionStore(dir, { capacity: 1000, detailCapacity: 50 });
       store.load(1);
       const keyOf = (a: string) => addressKey(new Uint8Array(getAddressEncoder().encode(a as Address)));
       assert.deepEqual(signaturesOf(store.forAddress(keyOf(recipient), { limit: 10 })), [signature]);
       assert.deepEqual(signaturesOf(store.forAddress(keyOf(payer.address), { limit: 10 })), [signature]);
       assert.deepEqual(store.detail(signature)?.preTokenBalances, []);
+      // Newer segments push it past the details kept: its detail file stays all the same (its
+      // keys are there), the other old ones go, and a reload still indexes it by address.
+      for (let seq = 2; seq <= 501; seq += 100) {
+        const batch = Array.from({ length: 100 }, (_, i) => ({ ...executed(seq + i), accountKeys: ['other'] }));
+        await store.append(batch);
+        store.publish(batch);
+      }
       await store.close();
+      assert.deepEqual(readdirSync(dir).filter((n) => n.endsWith('.detail.jsonl')).sort(),
+        ['00000001.detail.jsonl', '00000005.detail.jsonl', '00000006.detail.jsonl']);
+      const reloaded = new TransactionStore(dir, { capacity: 1000, detailCapacity: 50 });
+      reloaded.load(501);
+      assert.deepEqual(signaturesOf(reloaded.forAddress(keyOf(recipient), { limit: 10 })), [signature]);
+      await reloaded.close();
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
