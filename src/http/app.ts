@@ -156,6 +156,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     if (headers.host === undefined && request.raw.httpVersion === '1.1') {
       throw invalidRequest('host', 'The request has no Host header, which HTTP/1.1 requires.');
     }
+    // Node keeps the first of two and drops the rest; a proxy in front may have read another
+    // (RFC 9112 §3.2: 400).
+    if (headerCount(request.raw.rawHeaders, 'host') > 1) throw invalidRequest('host', 'The request has more than one Host header.');
     // No body at all, with a JSON content type (a client sending the header on every call): no
     // body, as without the header, rather than "not valid JSON". A body that is sent must parse.
     if (headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0')) {
@@ -523,6 +526,13 @@ function unstorableText(value: unknown, path: string): { path: string; what: str
 const CHARSET = /;\s*charset\s*=\s*"?([^";\s]+)"?/i;
 /** Refuses bytes that are not UTF-8; leaves a byte order mark in (the JSON parser skips it). */
 const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+/** How many times a header is given (rawHeaders alternates names and values). */
+function headerCount(rawHeaders: readonly string[], name: string): number {
+  let count = 0;
+  for (let i = 0; i < rawHeaders.length; i += 2) if (rawHeaders[i]!.toLowerCase() === name) count += 1;
+  return count;
+}
+
 function isAscii(bytes: Buffer): boolean {
   return bytes.every((byte) => byte < 0x80);
 }

@@ -90,7 +90,7 @@ describe('HTTP connections', () => {
     }
   });
 
-  test('an HTTP/1.1 request without a Host header is answered 400 in the API\'s shape', async () => {
+  test('an HTTP/1.1 request without a Host header, or with two, is answered 400 in the API\'s shape', async () => {
     const answer = await exchange(port, `GET /v1/organization HTTP/1.1\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
     assert.equal(answer.status, 400, JSON.stringify(answer));
     assert.deepEqual([answer.body.error.code, answer.body.error.param], ['invalid_request', 'host']);
@@ -98,6 +98,10 @@ describe('HTTP connections', () => {
     assert.equal(answer.headers['request-id'], answer.body.error.request_id);
     const old = await exchange(port, `GET /v1/organization HTTP/1.0\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
     assert.equal(old.status, 200, 'HTTP/1.0 has no Host header to require');
+    const twice = await exchange(port,
+      `GET /v1/organization HTTP/1.1\r\nHost: localhost\r\nHOST: elsewhere.example\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
+    assert.equal(twice.status, 400, JSON.stringify(twice));
+    assert.deepEqual([twice.body.error.param, twice.body.error.message], ['host', 'The request has more than one Host header.']);
   });
 
   test('headers over 16 KiB are answered 431 in the API\'s shape', async () => {
