@@ -18,7 +18,7 @@ const CLOCK_ADVANCE_MAX_SECONDS = 366 * 24 * 3600;
  * Nor may advances add up to more than a century: past the year 9999 PostgreSQL has no timestamp,
  * and a clock that never moves back would leave every write failing for good.
  */
-export const CLOCK_OFFSET_MAX_YEARS = 100;
+const CLOCK_OFFSET_MAX_YEARS = 100;
 const CLOCK_OFFSET_MAX_MS = CLOCK_OFFSET_MAX_YEARS * 366 * 24 * 3600 * 1000;
 
 const ClockView = Type.Object({
