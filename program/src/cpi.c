@@ -206,7 +206,7 @@ NOINLINE uint64_t create_associated_token_account(const AssociatedTokenAccount *
     return invoke(&instruction, infos, 7, NULL);
 }
 
-NOINLINE uint64_t require_payee_token_account(const AssociatedTokenAccount *a) {
+NOINLINE uint64_t require_payee_token_account(const AssociatedTokenAccount *a, const Pubkey *program_id) {
     const AccountHeader *token = a->token_account;
     if (is_system_program(&token->owner)) {
         // Missing, or only pre-funded by someone: the ATA program creates it either way.
@@ -220,5 +220,9 @@ NOINLINE uint64_t require_payee_token_account(const AssociatedTokenAccount *a) {
             ERR_INVALID_TOKEN_ACCOUNT);
     REQUIRE(key_eq((const Pubkey *)(data + TOKEN_ACCOUNT_OWNER_OFFSET), &a->owner->key),
             ERR_INVALID_TOKEN_ACCOUNT);
+    // Any token account may name one of this program's accounts as its owner, but the program
+    // moves money out of their ATA alone: paid anywhere else, the money would stay there for
+    // good. Derived only then, so a payment to anyone else costs no derivation.
+    if (key_eq(&a->owner->owner, program_id)) return require_associated_token_address(a);
     return SUCCESS;
 }

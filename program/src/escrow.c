@@ -225,7 +225,7 @@ NOINLINE uint64_t process_escrow_release(const Context *ctx) {
         .token_program = ctx->accounts[7],
         .ata_program = ctx->accounts[8],
     };
-    TRY(require_payee_token_account(&payee));
+    TRY(require_payee_token_account(&payee, ctx->program_id));
 
     escrow->header.flags = ESCROW_RELEASED;
     escrow->released_amount = escrow->amount;
@@ -365,7 +365,7 @@ NOINLINE uint64_t process_escrow_resolve(const Context *ctx) {
             .token_program = ctx->accounts[9],
             .ata_program = ctx->accounts[10],
         };
-        TRY(require_payee_token_account(&payee));
+        TRY(require_payee_token_account(&payee, ctx->program_id));
         payout.destination = receiver_token;
         payout.amount = to_receiver;
         TRY(escrow_pay_out(&payout));

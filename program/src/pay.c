@@ -21,6 +21,10 @@ NOINLINE uint64_t spend_from_vault(const Spend *s, Vault **vault_out) {
     uint8_t *policy_data;
     TRY(load_state(ctx, s->policy, DISCRIMINATOR_POLICY, sizeof(Policy), &policy_data));
     const Policy *policy = (const Policy *)policy_data;
+    // The address alone is not enough: a policy closed (PolicyClose) can be created again at it by
+    // any key, with limits of its choosing. CreateVault and UpdateVault attach only a policy of
+    // the vault's authority, and so does this.
+    REQUIRE(key_eq(&policy->authority, &vault->authority), ERR_POLICY_MISMATCH);
     REQUIRE(key_eq(&s->mint->key, &vault->mint), ERR_INVALID_MINT);
     REQUIRE(key_eq(&s->vault_token->key, &vault->token_account), ERR_INVALID_TOKEN_ACCOUNT);
 
@@ -97,7 +101,7 @@ NOINLINE uint64_t process_pay(const Context *ctx) {
         .token_program = ctx->accounts[8],
         .ata_program = ctx->accounts[9],
     };
-    TRY(require_payee_token_account(&payee));
+    TRY(require_payee_token_account(&payee, ctx->program_id));
 
     PdaSeeds seeds;
     pda_seeds(&seeds, SEED_VAULT, vault->org, vault->agent, vault->header.bump);

@@ -219,9 +219,11 @@ uint64_t require_associated_token_address(const AssociatedTokenAccount *a);
 /* Associated Token Account CreateIdempotent (the address is checked by the caller). */
 uint64_t create_associated_token_account(const AssociatedTokenAccount *a);
 
-/* A payee's token account: when it exists, an SPL token account of `mint` owned by `owner`;
- * when missing (still a System account), the owner's ATA, created with `payer` paying rent. */
-uint64_t require_payee_token_account(const AssociatedTokenAccount *a);
+/* A payee's token account: when it exists, an SPL token account of `mint` owned by `owner`,
+ * and the owner's ATA when `owner` is an account of this program (`program_id`: a vault, a
+ * reserve or an escrow, which only ever spend from their ATA); when missing (still a System
+ * account), the owner's ATA, created with `payer` paying rent. */
+uint64_t require_payee_token_account(const AssociatedTokenAccount *a, const Pubkey *program_id);
 
 /* ---------------------------------------------------------------------------------------------
  * Spending from a vault (Pay and EscrowCreate) */

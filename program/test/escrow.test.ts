@@ -394,6 +394,34 @@ describe('EscrowDispute and EscrowResolve', () => {
     expectProgramError(await s.b.send([withAddress(resolve, Resolve.vaultToken, other.vaultToken)]), 'InvalidTokenAccount');
     expectProgramError(await s.b.send([withAddress(resolve, Resolve.fromVault, s.receiver.address)]), 'DuplicateAccount');
   });
+
+  // The guarantee: a vault receiving an escrow is paid at its ATA, where the program can move the
+  // money again; the arbiter, not the operator, picks the receiver's token account at a resolve.
+  test('a vault as receiver: released or resolved to a token account of it other than its ATA, InvalidTokenAccount; nothing moved', async () => {
+    const b = await createBench();
+    const org = await b.createOrg('org-escrow');
+    const v = await b.createVault(org, 'agent-1', 100n * USDC);
+    const receiver = await b.createVault(org, 'agent-2', 0n);
+    const arbiter = await b.keypair();
+    const stray = await b.strayTokenAccount(receiver.vault, await b.keypair());
+    const released = await b.escrowAddresses('escrow-released');
+    const disputed = await b.escrowAddresses('escrow-disputed');
+    for (const e of [released, disputed]) {
+      expectOk(await b.send([b.escrowCreateInstruction(v, e, { receiver: receiver.vault, arbiter: arbiter.address, amount: 10n * USDC, expiresAt: b.now() + HOUR_S })]));
+    }
+    const release = await b.escrowReleaseInstruction(released, receiver.vault);
+    expectProgramError(await b.send([withAddress(release, Release.receiverToken, stray)]), 'InvalidTokenAccount');
+    expectOk(await b.send([b.escrowDisputeInstruction(disputed)]));
+    const resolve = await b.escrowResolveInstruction(disputed, v, receiver.vault, arbiter, { toReceiver: 10n * USDC, toSender: 0n });
+    expectProgramError(await b.send([withAddress(resolve, Resolve.receiverToken, stray)], arbiter), 'InvalidTokenAccount');
+    assert.equal(b.tokens(stray), 0n);
+    assert.equal(b.tokens(released.escrowToken), 10n * USDC);
+    assert.equal(b.tokens(disputed.escrowToken), 10n * USDC);
+    // At its ATA both are paid.
+    expectOk(await b.send([release]));
+    expectOk(await b.send([resolve], arbiter));
+    assert.equal(b.tokens(receiver.vaultToken), 20n * USDC);
+  });
 });
 
 describe('EscrowClose', () => {

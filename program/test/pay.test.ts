@@ -240,6 +240,32 @@ describe('Pay refuses accounts that are not the vault\'s own', () => {
     expectProgramError(await b.send([await b.payInstruction(v, recipient.address, USDC, { recipientToken: someoneElses })]), 'InvalidTokenAccount');
   });
 
+  // The guarantee: money paid to one of the program's accounts (a vault, a reserve) lands where
+  // the program can move it again, its ATA. Anyone can make another token account naming a vault
+  // as its owner; paid there, the money would stay for good.
+  test('to a vault or a reserve, a token account of theirs other than the ATA: InvalidTokenAccount, nothing moved', async () => {
+    const { b, org, v } = await bench();
+    const other = await b.createVault(org, 'agent-2', 0n);
+    const anyone = await b.keypair();
+    for (const owner of [other.vault, org.reserve]) {
+      const stray = await b.strayTokenAccount(owner, anyone);
+      expectProgramError(await b.send([await b.payInstruction(v, owner, USDC, { recipientToken: stray })]), 'InvalidTokenAccount');
+      assert.equal(b.tokens(stray), 0n);
+    }
+    assert.equal(b.tokens(v.vaultToken), 100n * USDC);
+    assert.equal(b.vault(v.vault).paymentCount, 0n);
+  });
+
+  // Any other recipient is paid at any token account of theirs for the mint: deriving its ATA on
+  // every payment would cost the hot path ~1,500 CU for a rule the recipient's own key can live with.
+  test('to a recipient that is not the program\'s, a token account of theirs other than the ATA is paid', async () => {
+    const { b, v, recipient } = await bench();
+    const theirs = await b.strayTokenAccount(recipient.address, await b.keypair());
+    expectOk(await b.send([await b.payInstruction(v, recipient.address, 2n * USDC, { recipientToken: theirs })]));
+    assert.equal(b.tokens(theirs), 2n * USDC);
+    assert.equal(b.tokens(v.vaultToken), 98n * USDC);
+  });
+
   test('a recipient token account of another mint: InvalidTokenAccount', async () => {
     const { b, v, recipient } = await bench();
     const otherMint = await b.createMint();

@@ -356,6 +356,30 @@ describe('PolicyClose', () => {
     assert.equal(policy.authority, b.operator.address);
   });
 
+  // The guarantee: a policy is a vault's only while its authority is the vault's. Once closed,
+  // its address is free and its key public (SetPolicy's data): anyone may create a policy there,
+  // with limits of their choosing, and the vaults still naming it must not spend under those.
+  test('created again at the address by another key: the vaults still naming it are refused (PolicyMismatch), nothing moved', async () => {
+    const { b, extra, v } = await bench();
+    expectOk(await b.send([program.updateVault(b.programId, { operator: b.operator, vault: v.vault }, { op: 'attach_policy', policy: extra.policy })]));
+    const onExtra = { ...v, org: { ...v.org, policy: extra.policy } };
+    const recipient = await b.keypair();
+    expectProgramError(await b.send([await b.payInstruction(onExtra, recipient.address, 20n * USDC)]), 'OverMaxPerTx');
+    expectOk(await b.send([b.policyCloseInstruction(extra)]));
+    const squatter = await b.keypair();
+    expectOk(await b.send([b.setPolicyInstruction(extra, { maxPerTx: NO_LIMIT, maxPerDay: NO_LIMIT }, squatter)], squatter));
+    assert.equal(b.policyAccount(extra.policy).authority, squatter.address);
+    const vaultBefore = b.data(v.vault);
+    expectProgramError(await b.send([await b.payInstruction(onExtra, recipient.address, 20n * USDC)]), 'PolicyMismatch');
+    const e = await b.escrowAddresses('esc-squat');
+    expectProgramError(await b.send([b.escrowCreateInstruction(onExtra, e, {
+      receiver: recipient.address, arbiter: (await b.keypair()).address, amount: 20n * USDC, expiresAt: b.now() + 3_600n,
+    })]), 'PolicyMismatch');
+    assert.equal(b.tokens(v.vaultToken), 50n * USDC);
+    assert.deepEqual(b.data(v.vault), vaultBefore, 'the vault\'s counters unchanged');
+    assert.equal(b.data(e.escrow), null);
+  });
+
   // The guarantee: a closed policy cannot be brought back as a policy by lamports sent to its
   // address later in the same transaction, which keep the account alive.
   test('an account given its rent again in the closing transaction is zeroed: no policy, and SetPolicy refuses it', async () => {

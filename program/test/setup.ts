@@ -43,6 +43,8 @@ export const START_TIME_S = 1_735_732_800n;
 
 const SOL = 1_000_000_000n;
 const MINT_SIZE = 82;
+const TOKEN_ACCOUNT_SIZE = 165;
+const TOKEN_INITIALIZE_ACCOUNT3 = 18;
 const TOKEN_INITIALIZE_MINT2 = 20;
 const TOKEN_MINT_TO = 7;
 const TOKEN_FREEZE_ACCOUNT = 10;
@@ -339,6 +341,29 @@ export class Bench {
       ],
       data: new Uint8Array([1]),
     };
+  }
+
+  /**
+   * A token account of the mint owned by `owner` at a fresh address, not the owner's ATA, made
+   * and paid for by `payer`: as anyone can, since InitializeAccount3 needs no signature of the
+   * owner.
+   */
+  async strayTokenAccount(owner: Address, payer: KeyPairSigner): Promise<Address> {
+    const account = await generateKeyPairSigner();
+    expectOk(await this.send([
+      {
+        programAddress: SYSTEM_PROGRAM,
+        accounts: [signerMeta(payer), signerMeta(account)],
+        data: concat(u32(0), u64(this.svm.minimumBalanceForRentExemption(BigInt(TOKEN_ACCOUNT_SIZE))), u64(BigInt(TOKEN_ACCOUNT_SIZE)),
+          getAddressEncoder().encode(TOKEN_PROGRAM)),
+      },
+      {
+        programAddress: TOKEN_PROGRAM,
+        accounts: [{ address: account.address, role: AccountRole.WRITABLE }, { address: this.mint, role: AccountRole.READONLY }],
+        data: concat([TOKEN_INITIALIZE_ACCOUNT3], getAddressEncoder().encode(owner)),
+      },
+    ], payer));
+    return account.address;
   }
 
   /** Another 6-decimal mint (authority: the bench's mint authority). */
