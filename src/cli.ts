@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, type Config } from './config/config.ts';
 import { ValidatorLockedError } from './validator/state-file.ts';
+import { SchemaTooNewError } from './db/migrate.ts';
 import type { ServiceClock } from './clock/service-clock.ts';
 import type { Database } from './db/database.ts';
 
@@ -259,13 +260,15 @@ async function withOperatorDatabase(
     throw new UsageError(`no database in ${config.dataDir}: run agent-vault migrate (or serve) first, or set AGENT_VAULT_DATA_DIR or DATABASE_URL`);
   }
   const { openDatabase } = await import('./db/database.ts');
-  const { listMigrations } = await import('./db/migrate.ts');
+  const { listMigrations, refuseNewerSchema } = await import('./db/migrate.ts');
   const { ServiceClock } = await import('./clock/service-clock.ts');
   const db = await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir });
   try {
     const [table] = await db.query<{ exists: boolean }>(`SELECT to_regclass('schema_migrations') IS NOT NULL AS exists`);
-    const applied = table?.exists ? await db.query<{ version: number }>('SELECT version FROM schema_migrations') : [];
-    const missing = listMigrations().filter((migration) => !applied.some((row) => row.version === migration.version));
+    const applied = table?.exists ? await db.query<{ version: number; name: string }>('SELECT version, name FROM schema_migrations') : [];
+    const migrations = listMigrations();
+    refuseNewerSchema(applied, migrations);
+    const missing = migrations.filter((migration) => !applied.some((row) => row.version === migration.version));
     if (missing.length) {
       throw new UsageError(`the database lacks migrations ${missing.map((m) => m.version).join(', ')}: run agent-vault migrate first`);
     }
@@ -315,7 +318,7 @@ const OPERATIONAL_CODES = new Set([
 
 function operationalMessage(error: unknown): string | null {
   // By name: the embedded validator's thread hands its error back by name and message only.
-  if (error instanceof Error && error.name === ValidatorLockedError.name) return error.message;
+  if (error instanceof Error && (error.name === ValidatorLockedError.name || error.name === SchemaTooNewError.name)) return error.message;
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code === 'string' && OPERATIONAL_CODES.has(code)) return (error as Error).message;
   // node-postgres reports a refused connection to each of a host's addresses as one AggregateError.

@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { Socket } from 'node:net';
 import { after, before, test } from 'node:test';
 import { openDatabase, quoteIdentifier, type Database } from './database.ts';
-import { listMigrations, migrate } from './migrate.ts';
+import { listMigrations, migrate, SchemaTooNewError } from './migrate.ts';
 
 const databaseUrl = process.env.DATABASE_URL ?? null;
 const schema = databaseUrl ? `t_${randomBytes(6).toString('hex')}` : undefined;
@@ -130,6 +130,25 @@ test('a migration runs without the pool\'s statement timeout: a long index build
     assert.deepEqual(await other.query('SELECT t FROM seen'), [{ t: '0' }]);
   } finally {
     await other.query(`DROP SCHEMA ${quoteIdentifier(fresh)} CASCADE`);
+    await other.close();
+  }
+});
+
+test('a database holding a migration this build does not have is refused before anything is applied', async () => {
+  const fresh = databaseUrl ? `t_${randomBytes(6).toString('hex')}` : undefined;
+  const other = await openDatabase({ databaseUrl, dataDir: null, schema: fresh });
+  try {
+    const one = { version: 1, name: 'one', sql: 'CREATE TABLE one (id INT)' };
+    const two = { version: 2, name: 'two', sql: 'CREATE TABLE two (id INT)' };
+    const three = { version: 3, name: 'three', sql: 'CREATE TABLE three (id INT)' };
+    assert.deepEqual(await migrate(other, [one, three]), [1, 3], 'the newer build');
+    // The older build knows 1 and 2: 3 is not its, so it must not run (nor apply its own 2).
+    await assert.rejects(migrate(other, [one, two]), (error: unknown) => error instanceof SchemaTooNewError
+      && /does not have \(0003_three; this build's newest is 0002\)/.test(error.message));
+    assert.deepEqual((await other.query<{ version: number }>('SELECT version FROM schema_migrations ORDER BY version')).map((row) => row.version), [1, 3]);
+    assert.deepEqual(await other.query(`SELECT to_regclass('two') IS NULL AS absent`), [{ absent: true }]);
+  } finally {
+    if (fresh) await other.query(`DROP SCHEMA ${quoteIdentifier(fresh)} CASCADE`);
     await other.close();
   }
 });

@@ -34,6 +34,30 @@ async function untimed(tx: Queryable): Promise<void> {
   await tx.query('SET LOCAL lock_timeout = 0');
 }
 
+/**
+ * The database was migrated by a newer build: this one's code would run on tables it does not
+ * know (a constraint it writes against replaced, a column it never sets made required), failing
+ * at some request or job long after start, possibly after moving money on chain. Refused at start.
+ */
+export class SchemaTooNewError extends Error {
+  constructor(unknown: Array<{ version: number; name: string }>, migrations: Migration[]) {
+    const newest = migrations.at(-1);
+    super(`the database has migrations this build does not have (${unknown.map((m) => `${pad(m.version)}_${m.name}`).join(', ')}; `
+      + `this build's newest is ${newest ? pad(newest.version) : 'none'}): a newer agent-vault migrated it. Run that version, `
+      + 'or restore the backup taken before the upgrade (docs/operations.md "Migrations")');
+    this.name = 'SchemaTooNewError';
+  }
+}
+
+const pad = (version: number) => String(version).padStart(4, '0');
+
+/** Throws SchemaTooNewError when `applied` holds a version that is not one of `migrations`. */
+export function refuseNewerSchema(applied: Array<{ version: number; name: string }>, migrations: Migration[]): void {
+  const known = new Set(migrations.map((migration) => migration.version));
+  const unknown = applied.filter((row) => !known.has(row.version)).sort((a, b) => a.version - b.version);
+  if (unknown.length) throw new SchemaTooNewError(unknown, migrations);
+}
+
 /** Applies what is missing; returns the versions applied now. */
 export async function migrate(db: Database, migrations = listMigrations()): Promise<number[]> {
   // Under the lock too: CREATE TABLE IF NOT EXISTS is not safe against another process creating
@@ -43,6 +67,7 @@ export async function migrate(db: Database, migrations = listMigrations()): Prom
     await tx.query('SELECT pg_advisory_xact_lock($1)', [MIGRATION_LOCK_KEY]);
     await tx.query(`CREATE TABLE IF NOT EXISTS schema_migrations (
       version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())`);
+    refuseNewerSchema(await tx.query<{ version: number; name: string }>('SELECT version, name FROM schema_migrations'), migrations);
   });
   const applied: number[] = [];
   for (const migration of migrations) {

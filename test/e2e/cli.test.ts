@@ -280,4 +280,35 @@ describe('agent-vault operator commands', () => {
     }
     t.diagnostic(`CLI runs: ${timings.join(', ')}`);
   });
+
+  // Guarantee: a build older than the database's schema (a rollback after an upgrade) refuses to
+  // start or to touch it, saying why; it used to start and fail later, at a deposit already made
+  // on chain.
+  test('a database migrated by a newer build: serve refuses to start (exit 1), migrate and keys list refuse (exit 2), one line, nothing changed', async () => {
+    assert.equal((await cli('migrate')).code, 0);
+    const { openDatabase } = await import('../../src/db/database.ts');
+    const withDb = async <T>(work: (db: Awaited<ReturnType<typeof openDatabase>>) => Promise<T>): Promise<T> => {
+      const db = await openDatabase({ databaseUrl: database.url, dataDir });
+      try {
+        return await work(db);
+      } finally {
+        await db.close();
+      }
+    };
+    const versions = () => withDb((db) => db.query<{ version: number }>('SELECT version FROM schema_migrations ORDER BY version'));
+    await withDb((db) => db.query(`INSERT INTO schema_migrations (version, name) VALUES (9999, 'from_a_newer_build')`));
+    const before = await versions();
+    try {
+      const message = /the database has migrations this build does not have \(9999_from_a_newer_build; this build's newest is \d{4}\): a newer agent-vault migrated it/;
+      const serve = await cli('serve');
+      assert.equal(serve.code, 1, JSON.stringify(serve));
+      assert.match(serve.stderr, new RegExp(`^agent-vault serve: ${message.source}.*\n$`), JSON.stringify(serve));
+      assert.doesNotMatch(serve.stderr, /\n\s+at /, 'no stack');
+      assertRefused(await cli('migrate'), 'migrate', message);
+      assertRefused(await cli('keys', 'list'), 'keys list', message);
+      assert.deepEqual(await versions(), before, 'nothing applied or removed');
+    } finally {
+      await withDb((db) => db.query('DELETE FROM schema_migrations WHERE version = 9999'));
+    }
+  });
 });
