@@ -14,7 +14,7 @@ import { beforeDeadline } from '../../test/deadline.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
 import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
-import { canonicalJson, requestHash } from '../http/idempotency.ts';
+import { canonicalJson } from '../http/idempotency.ts';
 import { spendWindowsAt } from './spend-state.ts';
 
 async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
@@ -1171,29 +1171,6 @@ describe('payments under concurrency', () => {
     const conflict = await t.request('POST', '/v1/payments', { body: { ...body, amount: '2' } });
     assert.equal(conflict.status, 409);
     assert.equal(await balanceOf(t, wallet.wallet_id), '9.00');
-  });
-
-  test('a retry after the first request stopped without answering returns the payment it recorded', async () => {
-    const wallet = await fundedWallet(t, '5');
-    const key = unique('crashed');
-    const body = { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' };
-    const paid = await t.request('POST', '/v1/payments', { body });
-    // As a process killed after recording leaves it: running, lease over, the payment named.
-    const hash = requestHash('payments.create', {
-      walletId: body.walletId, to: body.to, amount: 1_000_000n, memo: null, category: null, currency: 'USDC',
-    });
-    const nowMs = t.service.ctx.clock.nowMs();
-    await t.service.ctx.db.query(
-      `INSERT INTO idempotency_keys (org_id, key, request_hash, state, created_at, expires_at, lease_until, resource_id)
-       VALUES ($1, $2, $3, 'running', $4, $5, $6, $7)`,
-      [t.orgId, key, hash, new Date(nowMs - 1), new Date(nowMs + 3_600_000), new Date(Date.now() - 1), paid.body.tx_id]); // a lease is wall time
-    const retried = await t.request('POST', '/v1/payments', { body, headers: { 'idempotency-key': key } });
-    assert.equal(retried.status, 200, JSON.stringify(retried.body));
-    assert.equal(retried.body.tx_id, paid.body.tx_id, 'the recorded payment, not a new one');
-    assert.equal(retried.headers['idempotency-replayed'], 'true', 'marked as a replay: this request made nothing');
-    assert.equal(retried.body.status, 'confirmed');
-    assert.equal(await countRows(t, wallet.wallet_id), 1);
-    assert.equal(await balanceOf(t, wallet.wallet_id), '4.00');
   });
 
   test('a replay answers as stored, even an answer an earlier version stored without a field the view has now', async () => {
