@@ -253,13 +253,16 @@ describe('events, wallet states and automation', () => {
     assert.equal(await balanceOf(t, hungry.wallet_id), '4.00');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserve, 'the reserve was not touched');
 
-    // Turned on for a vault already below the trigger: topped up at the next tick, once.
+    // Turned on for a vault already below the trigger: topped up at the next tick, once, with the
+    // reserve holding enough for three (so that only the latch stops the second).
     const low2 = await fundedWallet(t, '1');
-    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '3' } });
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '9' } });
+    const reserveBefore = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
     assert.equal((await t.request('PUT', `/v1/wallets/${low2.wallet_id}/auto-topup`,
       { body: { enabled: true, triggerBelow: '5', topupAmount: '3' } })).status, 200);
     await tick(low2.wallet_id, 3);
     assert.equal(await balanceOf(t, low2.wallet_id), '4.00', 'one topup, though 4.00 is still below the trigger');
+    assert.equal(Number((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance), Number(reserveBefore) - 3);
   });
 
   test('a latch re-arms when the balance comes back, even if it falls again before the next tick', async () => {

@@ -102,8 +102,9 @@ describe('agent-vault serve', () => {
       await new Promise((resolve) => client.once('connect', resolve));
       const cut = new Promise((resolve) => client.once('close', resolve));
       client.resume(); // what it is answered is read, so that its end is seen
+      const received = new Promise((resolve) => service.app.server.once('request', resolve));
       client.write('POST /v1/payments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"to":');
-      await new Promise((resolve) => setTimeout(resolve, 100));
+      await received; // its headers read: a request in flight, waiting for the rest of its body
       // Without the wait's end the close never ends: the client never sends the rest.
       const closed = await Promise.race([service.close().then(() => 'closed'), new Promise((resolve) => setTimeout(() => resolve('hung'), 10_000))]);
       assert.equal(closed, 'closed', 'the shutdown ended, the stalled client notwithstanding');
