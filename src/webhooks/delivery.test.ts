@@ -25,7 +25,7 @@ import { newId } from '../ids/ids.ts';
 import type { AppContext } from '../http/context.ts';
 import {
   claimDueAttempts, claimStream, DELIVERY_LOG_RETENTION_MS, deliveryLag, dispatchWebhooks, expireDeliveryLog, FINAL_ATTEMPT_LEASE_MS, recordAttempt,
-  recordSuccesses, sendStream, settleLostFinalAttempts, STREAM_START_WITHIN_MS,
+  recordSuccesses, recoverLapsedStreams, sendStream, settleLostFinalAttempts, STREAM_START_WITHIN_MS,
 } from './delivery.ts';
 import { AttemptSender } from './sender.ts';
 import { deleteWebhook } from './webhooks.ts';
@@ -589,6 +589,37 @@ describe('webhook deliveries', () => {
     assert.deepEqual(delivered!.attempts.map((a) => a.outcome), ['lost', 'succeeded']);
     assert.match(delivered!.attempts[0]!.error!, /stopped/);
     assert.equal(Date.parse(delivered!.attempts[0]!.next_attempt_at!) - Date.parse(delivered!.attempts[0]!.attempted_at), RETRY_DELAYS_MS[0]);
+    await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+  });
+
+  // The guarantee: a worker stalled past its lease (a long pause, a slow disk) and coming back
+  // records nothing. Recording, it would end the lease of the worker that took the stream over
+  // and move the stream past that worker's batch: were that worker to die, its batch would be
+  // neither recorded nor retried.
+  test('a worker stalled past its lease records nothing when it comes back: the next worker\'s batch, its worker dead, is still delivered', async () => {
+    const { key, webhookId } = await setUp('/stalled', ['policy.created']);
+    const first = await newPolicyEvent(key, 'Stalled 1');
+    const { db } = t.service.ctx;
+    const stalled = await claimStream(db, t.service.ctx.clock.nowMs(), 100);
+    assert.ok(stalled && stalled.attempts.some((attempt) => attempt.eventId === first), 'the stalled worker took the first event');
+    const pastLease = async (lease: { expiresAt: Date }) => advance(Math.ceil((lease.expiresAt.getTime() - await serviceNowMs()) / 1000) + 1);
+    await pastLease(stalled.lease);
+    // The lapsed batch is written off as lost (retried a minute on), and the stream goes on.
+    assert.equal(await recoverLapsedStreams(db, t.service.ctx.clock.nowMs()), 1);
+    const second = await newPolicyEvent(key, 'Stalled 2');
+    const next = await claimStream(db, t.service.ctx.clock.nowMs(), 100);
+    assert.ok(next && next.webhookId === webhookId && next.attempts.some((attempt) => attempt.eventId === second),
+      'the next worker took the second event');
+    await sendStream(t.service.ctx, stalled); // sent again (at least once), recorded nowhere: its lease is gone
+    // The next worker dies before sending. Its lease lapses, and the second event goes out as a retry.
+    await pastLease(next.lease);
+    await t.service.jobs.runOnce();
+    await advance(RETRY_DELAYS_MS[0] / 1000);
+    await t.service.jobs.runOnce();
+    assert.ok(arrivals('/stalled').some((hit) => hit.body.id === second), 'the second event reached the receiver');
+    const log = new Map((await deliveries(key, webhookId)).map((d) => [d.event_id, d]));
+    assert.deepEqual([log.get(first)?.status, log.get(second)?.status], ['delivered', 'delivered']);
+    assert.deepEqual(log.get(second)?.attempts.map((a) => a.outcome), ['lost', 'succeeded']);
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
