@@ -265,6 +265,37 @@ describe('events, wallet states and automation', () => {
     assert.equal(Number((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance), Number(reserveBefore) - 3);
   });
 
+  // The guarantee: workers on one database that run the automation job at the same moment make a
+  // vault's topup once. Both read the vault as due; its latch, taken again under the vault's lock
+  // in the funding's transaction, lets one through.
+  test('two automation runs at once (two workers) make one topup', async (context) => {
+    await withSecondConnection(t, context, async (other) => {
+      const wallet = await fundedWallet(t, '10');
+      await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '30' } });
+      assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+        { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } })).status, 200);
+      assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+      const reserveBefore = Number((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance);
+      // The vault held elsewhere until both runs wait for it, so both have read it as due.
+      const held = await holdLocks(other, (tx) => tx.query('SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE', [wallet.wallet_id]));
+      let runs: Array<ReturnType<typeof runWalletAutomation>>;
+      try {
+        runs = [runWalletAutomation(t.service.ctx), runWalletAutomation(t.service.ctx)];
+        await queuedBehind(other, held.pid, 2);
+      } finally {
+        held.release();
+        await held.done;
+      }
+      const done = await Promise.all(runs);
+      assert.equal(done.reduce((sum, run) => sum + run.topups, 0), 1, 'one topup between the two runs');
+      await tick(wallet.wallet_id);
+      assert.equal(await balanceOf(t, wallet.wallet_id), '14.00');
+      assert.equal(Number((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance), reserveBefore - 10);
+      const sources = (await eventsOf('wallet.funded', wallet.wallet_id)).map((e) => e.details.source);
+      assert.equal(sources.filter((source) => source === 'auto_topup').length, 1);
+    });
+  });
+
   test('a latch re-arms when the balance comes back, even if it falls again before the next tick', async () => {
     // Topped up, then spent below the trigger again before the job looks: topped up again.
     const wallet = await fundedWallet(t, '9');
