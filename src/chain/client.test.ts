@@ -303,6 +303,29 @@ describe('chain client, a cluster that answers with HTTP errors', () => {
   });
 });
 
+describe('chain client, a cluster that hangs up', () => {
+  // A node (or the proxy in front of it) that closes the connection without answering.
+  const hangingUp = createServer((request) => { request.socket.destroy(); });
+  let url: string;
+  before(async () => {
+    await new Promise<void>((resolve) => hangingUp.listen(0, '127.0.0.1', resolve));
+    url = `http://127.0.0.1:${(hangingUp.address() as AddressInfo).port}`;
+  });
+  after(async () => { await new Promise((resolve) => hangingUp.close(resolve)); });
+
+  test('a connection closed without an answer is a dependency down (503), not a fault of ours (500)', async () => {
+    const chain = new ChainClient({
+      rpc: createSolanaRpc(url), programId: (await generateKeyPairSigner()).address, usdcMint: (await generateKeyPairSigner()).address,
+      operator: await generateKeyPairSigner(), arbiter: await generateKeyPairSigner(),
+    });
+    for (const call of [() => chain.getBlockHeight(), () => chain.prepare([referenceMemoIx('tx_hung_up')])]) {
+      const error = await call().then(() => null, (caught: unknown) => caught);
+      assert.ok(error, 'the call failed');
+      assert.equal(dependencyDown(error), true, String(error));
+    }
+  });
+});
+
 describe('chain client, a cluster that does not answer', () => {
   // A real HTTP endpoint that takes every request and never answers: what a hung RPC node is.
   const silent = createServer(() => {});

@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { generateKeyPairSync } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -11,6 +12,7 @@ import { test } from 'node:test';
 import { createKeyPairSignerFromBytes } from '@solana/kit';
 import { OffsetClock } from '../clock/clock.ts';
 import { loadConfig } from '../config/config.ts';
+import { beforeDeadline } from '../../test/deadline.ts';
 import { startRpcServer } from '../validator/http.ts';
 import { DEFAULT_PROGRAM_SO_PATH, LocalValidator } from '../validator/validator.ts';
 import { connectChain, type ChainLogger } from './connect.ts';
@@ -53,6 +55,25 @@ test('an RPC URL nothing answers at is said so at start, not taken for a real cl
       (error: Error) => error.message.includes(`the chain at http://127.0.0.1:${port} (AGENT_VAULT_RPC_URL) did not answer`)
         && /ECONNREFUSED/.test(error.message) && !error.message.includes('s3cret'));
   } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('an RPC URL that takes the connection and never answers stops the start within the call timeout, saying so', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));
+  const silent = createHttpServer(() => {}); // a hung node: every request taken, none answered
+  await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+  const { port } = silent.address() as AddressInfo;
+  try {
+    const config = loadConfig({ AGENT_VAULT_DATA_DIR: join(dir, 'service'), AGENT_VAULT_RPC_URL: `http://127.0.0.1:${port}`, LOG_LEVEL: 'silent' });
+    const connecting = connectChain(config, new OffsetClock(), { debug() {}, info() {}, warn() {}, error() {} } as unknown as ChainLogger,
+      { callTimeoutMs: 300 }).then(() => null, (error: Error) => error);
+    const error = await beforeDeadline(connecting, 10_000);
+    assert.ok(error, 'the start fails');
+    assert.equal(error.message, `the chain at http://127.0.0.1:${port} (AGENT_VAULT_RPC_URL) did not answer: nothing within 300 ms`);
+  } finally {
+    silent.closeAllConnections();
+    await new Promise((resolve) => silent.close(resolve));
     rmSync(dir, { recursive: true, force: true });
   }
 });

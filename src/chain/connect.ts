@@ -12,7 +12,7 @@ import { createInProcessRpc } from '../validator/in-process.ts';
 import type { AgentVaultRpcApi } from '../validator/rpc.ts';
 import { ValidatorThread } from '../validator/thread.ts';
 import { LocalValidator } from '../validator/validator.ts';
-import { ChainClient } from './client.ts';
+import { ChainClient, RPC_CALL_TIMEOUT_MS } from './client.ts';
 import { loadOperatorKey, loadServiceKey } from './operator-key.ts';
 
 export const ARBITER_KEY_FILE = 'arbiter-key.json';
@@ -44,7 +44,13 @@ export interface ChainConnection {
  * on and the clock can be shared with it (an OffsetClock, such as the service clock); otherwise
  * on this thread, where tests can reach it (`ChainConnection.validator`).
  */
-export async function connectChain(config: Config, clock: Clock, logger: ChainLogger): Promise<ChainConnection> {
+export async function connectChain(
+  config: Config, clock: Clock, logger: ChainLogger, options: { callTimeoutMs?: number } = {},
+): Promise<ChainConnection> {
+  // Start-up's calls end as every other call does: a node that takes the connection and never
+  // answers stops the start in seconds, not at fetch's own limit (300 s).
+  const callTimeoutMs = options.callTimeoutMs ?? RPC_CALL_TIMEOUT_MS;
+  const bounded = () => ({ abortSignal: AbortSignal.timeout(callTimeoutMs) });
   const operator = await loadOperatorKey({ dataDir: config.dataDir, secretKey: config.operatorKey ?? undefined });
   // Each escrow names its arbiter on chain, and only that key can decide its dispute: every
   // process must have the same one (AGENT_VAULT_ARBITER_KEY, or one data dir's file).
@@ -82,7 +88,7 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     let localSlotMs = embedded?.slotMs ?? null;
     if (!embedded) {
       try {
-        const info = await rpc.agentVault_getInfo().send();
+        const info = await rpc.agentVault_getInfo().send(bounded());
         local = true;
         localSlotMs = Number(info.slotMs);
         programId ??= info.programId;
@@ -92,7 +98,8 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
         // No answer at all (refused, unreachable, timed out) is no cluster: said as such, rather
         // than taken for one.
         if (!isSolanaError(error)) {
-          throw new Error(`the chain at ${rpcForLogs(config.rpcUrl!)} (AGENT_VAULT_RPC_URL) did not answer: ${describeCause(error)}`);
+          const cause = (error as { name?: unknown }).name === 'TimeoutError' ? `nothing within ${callTimeoutMs} ms` : describeCause(error);
+          throw new Error(`the chain at ${rpcForLogs(config.rpcUrl!)} (AGENT_VAULT_RPC_URL) did not answer: ${cause}`);
         }
       }
     }
@@ -113,8 +120,8 @@ export async function connectChain(config: Config, clock: Clock, logger: ChainLo
     });
     if (local) {
       for (const key of [operator.address, arbiter.address]) {
-        const { value } = await rpc.getBalance(key).send();
-        if (value < LOCAL_MIN_LAMPORTS) await rpc.requestAirdrop(key, lamports(LOCAL_MIN_LAMPORTS * 10n)).send();
+        const { value } = await rpc.getBalance(key).send(bounded());
+        if (value < LOCAL_MIN_LAMPORTS) await rpc.requestAirdrop(key, lamports(LOCAL_MIN_LAMPORTS * 10n)).send(bounded());
       }
     }
     logger.info({

@@ -229,18 +229,32 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     sendError(ctx, new ServiceError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`), request, reply));
 
   await registerDocs(app, ctx);
-  // Answered under load too (it reads the database and the chain, as it says it does).
+  // Answered under load too (it reads the database and the chain, as it says it does), both at
+  // once, each given HEALTH_CHECK_MS: a dependency that hangs is down for a probe, which would
+  // otherwise wait out the chain client's 10 s and give up before the answer.
   app.get('/healthz', { schema: { hide: true }, config: { pressureHandler: () => null } }, async (_request, reply) => {
-    try {
-      await ctx.db.query('SELECT 1');
-      await ctx.chain.getHealth();
-    } catch {
-      return reply.code(503).send({ status: 'unavailable' });
-    }
+    const checks = { database: () => ctx.db.query('SELECT 1'), chain: () => ctx.chain.getHealth() };
+    const results = await Promise.all(Object.entries(checks).map(async ([name, check]) => ((await answersWithin(check(), HEALTH_CHECK_MS)) ? null : name)));
+    const unavailable = results.filter((name) => name !== null);
+    if (unavailable.length) return reply.code(503).send({ status: 'unavailable', unavailable });
     return { status: 'ok' };
   });
   registerRoutes(app, ctx);
   return app;
+}
+
+/** How long /healthz waits for each of the database and the chain. */
+const HEALTH_CHECK_MS = 2_000;
+
+/** Whether `work` succeeds within `ms` (its result is not waited for past that). */
+async function answersWithin(work: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<boolean>((resolve) => { timer = setTimeout(() => resolve(false), ms); });
+  try {
+    return await Promise.race([work.then(() => true, () => false), late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /** The event loop's delay is averaged over this long, and the limit applied to each average. */
@@ -465,8 +479,15 @@ function isAmountSchema(schema: Record<string, unknown> | undefined): boolean {
   return schema?.[ERROR_CODE_KEYWORD] === 'invalid_amount' || /decimal USDC/.test(String(schema?.description ?? ''));
 }
 
-/** Network failures of a connection (to PostgreSQL, to an RPC node). */
-const NETWORK_ERROR_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN']);
+/**
+ * Network failures of a connection (to PostgreSQL, to an RPC node), and undici's own (fetch, to an
+ * RPC node): the other side closed the connection without an answer (a proxy or load balancer in
+ * front of the node, a node going down mid-request), or a connection, answer or body not in time.
+ */
+const NETWORK_ERROR_CODES = new Set([
+  'ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN',
+  'UND_ERR_SOCKET', 'UND_ERR_CLOSED', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT',
+]);
 /**
  * PostgreSQL's: a connection failed or was refused (class 08, but not 08P01, a protocol violation,
  * which a statement with the wrong number of parameters raises), terminated by an administrator,

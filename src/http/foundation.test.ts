@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import { after, before, describe, test } from 'node:test';
 import { generateKeyPairSigner, lamports } from '@solana/kit';
+import { beforeDeadline } from '../../test/deadline.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
 import { OffsetClock } from '../clock/clock.ts';
@@ -115,6 +116,23 @@ describe('HTTP foundation', () => {
     assert.equal(response.body.error.param, 'expiry');
   });
 
+  // The guarantee: a probe is answered in seconds even when the chain's node takes the request
+  // and never answers, as a hung node or a black-holed network does.
+  test('/healthz is 503 naming the chain when the chain does not answer, without waiting for it', async () => {
+    const { chain } = t.service.ctx;
+    const getHealth = chain.getHealth;
+    chain.getHealth = () => new Promise(() => {}); // a node that never answers
+    try {
+      const response = await beforeDeadline(t.request('GET', '/healthz', { key: null }), 10_000);
+      assert.ok(response, 'answered');
+      assert.equal(response.status, 503);
+      assert.deepEqual(response.body, { status: 'unavailable', unavailable: ['chain'] });
+    } finally {
+      chain.getHealth = getHealth;
+    }
+    assert.equal((await t.request('GET', '/healthz', { key: null })).status, 200);
+  });
+
   test('/healthz is 503 while the embedded validator cannot write its state, and 200 again once it can', async () => {
     const halting = await startTestService();
     const healthy = async (want: number) => {
@@ -134,6 +152,8 @@ describe('HTTP foundation', () => {
       }
       await halting.service.ctx.chain.rpc.requestAirdrop((await generateKeyPairSigner()).address, lamports(1_000n)).send();
       await healthy(503);
+      assert.deepEqual((await halting.request('GET', '/healthz', { key: null })).body, { status: 'unavailable', unavailable: ['chain'] },
+        'says which');
       for (const file of files) rmSync(file, { recursive: true });
       await healthy(200);
     } finally {
