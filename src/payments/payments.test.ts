@@ -689,47 +689,51 @@ describe('payments', () => {
     assert.deepEqual([late.status, late.body.error?.violation?.rule], [402, 'expiry']);
   });
 
-  // Guarantee: a payment whose send the chain did not take (it did not answer for a moment) is
-  // sent again while the service waits for it, so it lands once the chain is back, rather than
+  // Guarantee: a payment whose send the chain did not take (it did not answer for a moment), or
+  // took and then lost (a node restarted before its slot, a cluster's leader dropped it), is sent
+  // again while the service waits for it, so it lands once the chain is back, rather than
   // failing a minute later when its blockhash expires.
-  test('a payment whose first send fails is sent again and lands, waiting for it or not', async () => {
-    const wallet = await fundedWallet(t, '3');
-    const { chain } = t.service.ctx;
-    const submit = chain.submit;
-    const refusing = () => {
-      let failed = 0;
-      chain.submit = async (...args: Parameters<typeof submit>) => {
-        if (failed === 0) {
-          failed += 1;
-          throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:8899'), { code: 'ECONNREFUSED' });
-        }
-        return submit.apply(chain, args);
+  for (const [what, firstSend] of [
+    ['fails', 'refused'], ['is taken and lost by the chain', 'lost'],
+  ] as const) {
+    test(`a payment whose first send ${what} is sent again and lands, waiting for it or not`, async () => {
+      const wallet = await fundedWallet(t, '3');
+      const { chain } = t.service.ctx;
+      const submit = chain.submit;
+      const spoilFirstSend = () => {
+        let spoiled = false;
+        chain.submit = async (...args: Parameters<typeof submit>) => {
+          if (spoiled) return submit.apply(chain, args);
+          spoiled = true;
+          if (firstSend === 'refused') throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:8899'), { code: 'ECONNREFUSED' });
+          return undefined; // "taken": the node answered with its signature, and never ran it
+        };
       };
-    };
-    try {
-      refusing();
-      const waited = await t.request('POST', '/v1/payments', {
-        body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
-      });
-      assert.deepEqual([waited.status, waited.body.status], [200, 'confirmed'], JSON.stringify(waited.body));
+      try {
+        spoilFirstSend();
+        const waited = await t.request('POST', '/v1/payments', {
+          body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC' },
+        });
+        assert.deepEqual([waited.status, waited.body.status], [200, 'confirmed'], JSON.stringify(waited.body));
 
-      refusing();
-      const answered = await t.request('POST', '/v1/payments', {
-        body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', waitForConfirmation: false },
-      });
-      assert.equal(answered.status, 200, JSON.stringify(answered.body));
-      const confirmed = await beforeDeadline((async () => {
-        while ((await t.request('GET', `/v1/payments/${answered.body.tx_id}`)).body.status !== 'confirmed') {
-          await new Promise((resolve) => setTimeout(resolve, 50));
-        }
-        return true;
-      })(), 10_000);
-      assert.ok(confirmed, 'confirmed within seconds, not failed when its blockhash expires');
-    } finally {
-      chain.submit = submit;
-    }
-    assert.equal(await balanceOf(t, wallet.wallet_id), '1.00');
-  });
+        spoilFirstSend();
+        const answered = await t.request('POST', '/v1/payments', {
+          body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '1', currency: 'USDC', waitForConfirmation: false },
+        });
+        assert.equal(answered.status, 200, JSON.stringify(answered.body));
+        const confirmed = await beforeDeadline((async () => {
+          while ((await t.request('GET', `/v1/payments/${answered.body.tx_id}`)).body.status !== 'confirmed') {
+            await new Promise((resolve) => setTimeout(resolve, 50));
+          }
+          return true;
+        })(), 10_000);
+        assert.ok(confirmed, 'confirmed within seconds, not failed when its blockhash expires');
+      } finally {
+        chain.submit = submit;
+      }
+      assert.equal(await balanceOf(t, wallet.wallet_id), '1.00');
+    });
+  }
 
   test('a payment can answer before confirmation; it settles all the same', async () => {
     const wallet = await fundedWallet(t, '2');

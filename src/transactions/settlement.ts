@@ -341,14 +341,22 @@ async function outcomeWithin(ctx: Pick<AppContext, 'chain'>, signature: string, 
 
 /** How often a transaction whose send failed is sent again while this process waits for its outcome. */
 const RESEND_EVERY_MS = 1_000;
+/**
+ * How often one the chain took is sent again while its outcome has not come: a node that took it
+ * can still lose it (it crashed before its slot, a cluster's leader dropped it), and only the
+ * sender holds its bytes.
+ */
+const RESEND_TAKEN_EVERY_MS = 2_000;
 
 /**
- * Sends a recorded transaction (a payment, a funding, a withdrawal); a send that fails (a chain
- * that did not answer for a moment) is made again each second, the same bytes, which the chain
- * runs at most once, until one is taken, the wait for its outcome is over (`waiting.over`, set
- * by the caller) or `untilMs` (performance.now()) passes. `first` resolves with whether the first
- * send was taken. One never taken fails when its blockhash expires, its amount given back;
- * without the sends again, a chain back within a second still never saw it.
+ * Sends a recorded transaction (a payment, a funding, a withdrawal) and sends it again, the same
+ * bytes, which the chain runs at most once, until the wait for its outcome is over
+ * (`waiting.over`, set by the caller once the outcome came or it gave up) or `untilMs`
+ * (performance.now()) passes: each second while no send was taken (a chain that did not answer
+ * for a moment), then every two seconds (a chain that took it and lost it, restarted say).
+ * `first` resolves with whether the first send was taken. One that never lands fails when its
+ * blockhash expires, its amount given back; without the sends again, a chain back within a
+ * second still never saw it.
  */
 export function sendUntilTaken(
   ctx: Pick<AppContext, 'chain' | 'log'>, prepared: PreparedTransaction, waiting: { over: boolean }, untilMs: number,
@@ -364,12 +372,15 @@ export function sendUntilTaken(
   });
   void first.then(async (taken) => {
     let attempts = 1;
-    while (!taken && performance.now() + RESEND_EVERY_MS < untilMs) {
-      await new Promise((resolve) => setTimeout(resolve, RESEND_EVERY_MS));
+    for (;;) {
+      const everyMs = taken ? RESEND_TAKEN_EVERY_MS : RESEND_EVERY_MS;
+      if (performance.now() + everyMs >= untilMs) return;
+      await new Promise((resolve) => setTimeout(resolve, everyMs));
       if (waiting.over) return;
       attempts += 1;
-      taken = (await attempt()) === true;
-      if (taken) ctx.log.info({ signature: prepared.signature, attempts }, 'a transaction whose send failed was taken when sent again');
+      const now = (await attempt()) === true;
+      if (now && !taken) ctx.log.info({ signature: prepared.signature, attempts }, 'a transaction whose send failed was taken when sent again');
+      taken ||= now;
     }
   });
   return { first };

@@ -131,8 +131,13 @@ export async function fundWallets(
     return rows;
   });
   if (options.wait === false) {
-    // Answered after the first send; one the chain did not take is made again in the background.
-    await sendUntilTaken(ctx, prepared, { over: false }, performance.now() + SETTLEMENT_WAIT_MS).first;
+    // Answered after the first send; it is sent again in the background until its outcome comes,
+    // which settles it (the reconciler covers a process that stops before).
+    const waiting = { over: false };
+    await sendUntilTaken(ctx, prepared, waiting, performance.now() + SETTLEMENT_WAIT_MS).first;
+    awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS)
+      .finally(() => { waiting.over = true; })
+      .catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
     return { transactions: recorded, status: 'pending' };
   }
   return settle(ctx, prepared, recorded);
