@@ -4,6 +4,7 @@
  * Several processes may run the same jobs: they coordinate through row locks
  * (FOR UPDATE SKIP LOCKED), never through memory.
  */
+import { dependencyDown } from '../http/app.ts';
 import type { AppContext } from '../http/context.ts';
 
 export interface Job {
@@ -19,6 +20,13 @@ export interface JobRunner {
   stop(): Promise<void>;
 }
 
+/**
+ * A job failing run after run (the database or the chain down, most jobs running each second or
+ * few) is logged at its first failure, then at most this often with the count, and once when it
+ * runs again: an outage of two minutes logged some 4,000 lines, an error with its stack each.
+ */
+export const FAILURE_LOG_EVERY_MS = 60_000;
+
 /** How long stop() waits for the jobs running then; the rest are left to end with the process. */
 export const STOP_WAIT_MS = 10_000;
 
@@ -27,7 +35,29 @@ export function startJobs(
 ): JobRunner {
   const timers = new Map<string, NodeJS.Timeout>();
   const running = new Map<string, Promise<void>>();
+  /** Each failing job's run of failures: how many, since when, and when last logged (wall clock). */
+  const failing = new Map<string, { failures: number; sinceMs: number; loggedMs: number }>();
   let stopped = false;
+
+  const failed = (job: Job, error: unknown) => {
+    const nowMs = Date.now();
+    const streak = failing.get(job.name) ?? { failures: 0, sinceMs: nowMs, loggedMs: 0 };
+    streak.failures += 1;
+    failing.set(job.name, streak);
+    if (streak.failures > 1 && nowMs - streak.loggedMs < FAILURE_LOG_EVERY_MS) return;
+    streak.loggedMs = nowMs;
+    const data = { err: error, job: job.name, failures: streak.failures, since: new Date(streak.sinceMs).toISOString() };
+    // A dependency down is the machine around the service, not a fault of it.
+    if (dependencyDown(error)) ctx.log.warn(data, `job ${job.name} failed: the database or the chain is not answering; tried again at each run`);
+    else ctx.log.error(data, streak.failures === 1 ? 'job failed' : `job ${job.name} still failing`);
+  };
+  const succeeded = (job: Job) => {
+    const streak = failing.get(job.name);
+    if (!streak) return;
+    failing.delete(job.name);
+    ctx.log.info({ job: job.name, failures: streak.failures, since: new Date(streak.sinceMs).toISOString() },
+      `job ${job.name} ran again after ${streak.failures} failed run${streak.failures === 1 ? '' : 's'}`);
+  };
 
   const runJob = (job: Job): Promise<void> => {
     const current = running.get(job.name);
@@ -42,8 +72,9 @@ export function startJobs(
       timer.unref(); // a report, which holds no process open
       try {
         await job.run(ctx);
+        succeeded(job);
       } catch (error) {
-        ctx.log.error({ err: error, job: job.name }, 'job failed');
+        failed(job, error);
       } finally {
         clearTimeout(timer);
         running.delete(job.name);
