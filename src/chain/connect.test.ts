@@ -2,20 +2,20 @@
  * Connecting to a cluster at AGENT_VAULT_RPC_URL: what the service logs of it.
  */
 import assert from 'node:assert/strict';
-import { generateKeyPairSync } from 'node:crypto';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer as createHttpServer } from 'node:http';
 import { createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { createKeyPairSignerFromBytes } from '@solana/kit';
+import { createKeyPairSignerFromBytes, getAddressDecoder } from '@solana/kit';
 import { OffsetClock } from '../clock/clock.ts';
 import { loadConfig } from '../config/config.ts';
 import { beforeDeadline } from '../../test/deadline.ts';
-import { startRpcServer } from '../validator/http.ts';
+import { MAX_CONNECTIONS, startRpcServer } from '../validator/http.ts';
 import { DEFAULT_PROGRAM_SO_PATH, LocalValidator } from '../validator/validator.ts';
-import { connectChain, type ChainLogger } from './connect.ts';
+import { connectChain, createHttpRpc, type ChainLogger } from './connect.ts';
 import { encodeSecretKeyBase58 } from './operator-key.ts';
 
 test('the RPC URL is logged as its origin only: a provider\'s API key in its path or query stays out of the logs', async () => {
@@ -77,6 +77,33 @@ test('an RPC URL that takes the connection and never answers stops the start wit
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// The guarantee: under load the service's calls queue for a socket rather than open one each,
+// past what the node accepts (this project's validator resets connections past 256).
+test('calls over HTTP past the node\'s connection limit all answer: they wait for a socket', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));
+  const validator = await LocalValidator.open({ dataDir: join(dir, 'validator'), slotMs: 0, clock: new OffsetClock(), programSoPath: DEFAULT_PROGRAM_SO_PATH });
+  const server = await startRpcServer(validator, { port: 0 });
+  try {
+    const rpc = createHttpRpc(server.url);
+    // Each call its own (kit coalesces identical calls made together into one request).
+    const calls = Array.from({ length: MAX_CONNECTIONS * 2 }, () => rpc.getBalance(getAddressDecoder().decode(randomBytes(32))).send()
+      .then(() => 'ok', (error: Error) => describe(error)));
+    const outcomes = await Promise.all(calls);
+    assert.deepEqual(outcomes.filter((outcome) => outcome !== 'ok'), [], 'none refused or reset');
+  } finally {
+    await server.close();
+    await validator.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+/** An error and its causes, in one line. */
+function describe(error: unknown): string {
+  const parts: string[] = [];
+  for (let cause = error; cause && parts.length < 3; cause = (cause as { cause?: unknown }).cause) parts.push(String((cause as Error).message ?? cause));
+  return parts.join(': ');
+}
 
 test('AGENT_VAULT_ARBITER_KEY gives every process the same arbiter, whatever its data dir', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'av-connect-'));

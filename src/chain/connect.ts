@@ -6,6 +6,7 @@
 import { join } from 'node:path';
 import { address, createSolanaRpc, createSolanaRpcFromTransport, isSolanaError, lamports, type Rpc, type SolanaRpcApi } from '@solana/kit';
 import type { Logger } from 'pino';
+import { Agent } from 'undici';
 import { OffsetClock, type Clock } from '../clock/clock.ts';
 import type { Config } from '../config/config.ts';
 import { createInProcessRpc } from '../validator/in-process.ts';
@@ -44,6 +45,20 @@ export interface ChainConnection {
  * on and the clock can be shared with it (an OffsetClock, such as the service clock); otherwise
  * on this thread, where tests can reach it (`ChainConnection.validator`).
  */
+/**
+ * Sockets open to an RPC node at most; requests past them wait for one. fetch's default opens one
+ * per request in flight, and a node caps its connections (this project's validator at 256,
+ * resetting the ones past it): under load the service would see its calls reset.
+ */
+export const RPC_CONNECTIONS_MAX = 128;
+
+/** A JSON-RPC client of the node at `url` over HTTP, on at most RPC_CONNECTIONS_MAX sockets. */
+export function createHttpRpc(url: string): Rpc<SolanaRpcApi> {
+  // undici's own Agent, for Node's fetch (whose bundled undici has the older types: same API).
+  const dispatcher = new Agent({ connections: RPC_CONNECTIONS_MAX }) as unknown as NonNullable<Parameters<typeof createSolanaRpc>[1]>['dispatcher_NODE_ONLY'];
+  return createSolanaRpc(url, { dispatcher_NODE_ONLY: dispatcher }) as unknown as Rpc<SolanaRpcApi>;
+}
+
 export async function connectChain(
   config: Config, clock: Clock, logger: ChainLogger, options: { callTimeoutMs?: number } = {},
 ): Promise<ChainConnection> {
@@ -66,7 +81,7 @@ export async function connectChain(
   };
   const validatorOptions = { dataDir: join(config.dataDir, 'validator'), slotMs: config.slotMs, log: validatorLog };
   if (config.rpcUrl) {
-    rpc = createSolanaRpc(config.rpcUrl) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
+    rpc = createHttpRpc(config.rpcUrl) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
   } else if (config.validatorThread && clock instanceof OffsetClock) {
     thread = await ValidatorThread.start({ ...validatorOptions, offsetCell: clock.offsetCell });
     rpc = createSolanaRpcFromTransport(thread.transport()) as unknown as Rpc<SolanaRpcApi & AgentVaultRpcApi>;
