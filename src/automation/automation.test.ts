@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { after, before, describe, test, type TestContext } from 'node:test';
 import type { Signature } from '@solana/kit';
+import { beforeDeadline } from '../../test/deadline.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { balanceOf, fundedWallet, newPolicy, newRecipient } from '../../test/fixtures.ts';
 import { holdLocks, queuedBehind, queuedRequest, withSecondConnection, type HeldLocks } from '../../test/locks.ts';
@@ -263,6 +264,33 @@ describe('events, wallet states and automation', () => {
     await tick(low2.wallet_id, 3);
     assert.equal(await balanceOf(t, low2.wallet_id), '4.00', 'one topup, though 4.00 is still below the trigger');
     assert.equal(Number((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance), Number(reserveBefore) - 3);
+  });
+
+  // The guarantee: a topup is sent again while its outcome has not come, so one the chain took
+  // and lost (a node restarted before its slot) lands once the chain has it, in seconds, rather
+  // than failing when its blockhash expires.
+  test('an auto-topup the chain took and lost is sent again and lands', async () => {
+    const wallet = await fundedWallet(t, '10');
+    await t.request('POST', '/v1/test_helpers/deposits', { body: { amount: '10' } });
+    assert.equal((await t.request('PUT', `/v1/wallets/${wallet.wallet_id}/auto-topup`,
+      { body: { enabled: true, triggerBelow: '5', topupAmount: '10' } })).status, 200);
+    assert.equal((await pay(wallet.wallet_id, '6')).status, 200);
+    const { chain } = t.service.ctx;
+    const submit = chain.submit;
+    chain.submit = async () => { chain.submit = submit; }; // "taken": answered, and never run
+    try {
+      await runWalletAutomation(t.service.ctx);
+    } finally {
+      chain.submit = submit;
+    }
+    const landed = await beforeDeadline((async () => {
+      while (await balanceOf(t, wallet.wallet_id) !== '14.00') await new Promise((resolve) => setTimeout(resolve, 50));
+      return true;
+    })(), 10_000);
+    assert.ok(landed, 'topped up within seconds');
+    const topups = await t.service.ctx.db.query<{ status: string }>(
+      'SELECT status FROM transactions WHERE wallet_id = $1 AND memo = $2', [wallet.wallet_id, AUTO_TOPUP_MEMO]);
+    assert.deepEqual(topups.map((row) => row.status), ['confirmed'], 'one topup, confirmed');
   });
 
   // The guarantee: workers on one database that run the automation job at the same moment make a

@@ -176,8 +176,9 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
     /** Whether the latch was taken in the funding's transaction (which then commits, but for a failure of the commit itself). */
     let latched = false;
     try {
-      // Recorded and sent, not waited for (the next run settles it): a run lasts no slot per
-      // vault, and a chain that does not confirm holds up neither balance.low nor other vaults.
+      // Recorded and sent, not waited for (settled in the background as its outcome comes, or by
+      // the next run): a run lasts no slot per vault, and a chain that does not confirm holds up
+      // neither balance.low nor other vaults.
       await fundWallets(ctx, wallet.org_id, [{ walletId: wallet.id, amount: wallet.auto_topup_amount }], async (tx) => {
         if (!await takeLatch(tx, wallet, false)) throw new TopupNotDue();
         latched = true;

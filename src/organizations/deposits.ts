@@ -4,6 +4,7 @@
  * organisation and the signature), with `org.deposit_confirmed` in the same database transaction.
  */
 import { address, type Signature } from '@solana/kit';
+import { RPC_CALL_TIMEOUT_MS } from '../chain/client.ts';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError } from '../errors/errors.ts';
 import { recordEvent } from '../events/events.ts';
@@ -70,7 +71,8 @@ export async function depositTestUsdc(ctx: AppContext, orgId: string, amount: bi
     throw new ServiceError('invalid_amount',
       `The organisation would hold more than ${formatUsdc(MAX_MICRO_USDC)} USDC, the most the service keeps account of.`, { param: 'amount' });
   }
-  const signature = await ctx.cheatcodes.agentVault_mintUsdc(address(org.reserve_address), amount.toString()).send();
+  const signature = await ctx.cheatcodes.agentVault_mintUsdc(address(org.reserve_address), amount.toString())
+    .send({ abortSignal: AbortSignal.timeout(RPC_CALL_TIMEOUT_MS) });
   const outcome = await ctx.chain.waitForOutcome(signature as Signature);
   if (outcome.err) throw new Error(`minting test USDC failed: ${outcome.err.name}`);
   return ctx.db.transaction((tx) =>

@@ -2,6 +2,7 @@
  * The job catalogue: every background job of the service, in one visible list.
  */
 import { expirePolicies, runWalletAutomation, scanAlerts } from '../automation/automation.ts';
+import { RPC_CALL_TIMEOUT_MS } from '../chain/client.ts';
 import { closeSettledEscrows } from '../escrow/close.ts';
 import { resendEscrowMoves, tickEscrows } from '../escrow/escrows.ts';
 import { deleteExpiredEvents } from '../events/events.ts';
@@ -30,7 +31,10 @@ export const JOBS: readonly Job[] = [
       // A standalone local validator (`agent-vault validator`) keeps a clock of its own, which a
       // restart sets back by the time it was down: brought up to the service's again (it never
       // moves back), or escrow timeouts the service sees as due are refused as not yet expired.
-      if (!ctx.validator && ctx.cheatcodes) await ctx.cheatcodes.agentVault_setTime(ctx.clock.nowMs()).send();
+      // Bounded as the client's calls are: a hung validator must not hold the clock's refresh.
+      if (!ctx.validator && ctx.cheatcodes) {
+        await ctx.cheatcodes.agentVault_setTime(ctx.clock.nowMs()).send({ abortSignal: AbortSignal.timeout(RPC_CALL_TIMEOUT_MS) });
+      }
     },
   },
   {

@@ -4,6 +4,7 @@
  * Several processes may run the same jobs: they coordinate through row locks
  * (FOR UPDATE SKIP LOCKED), never through memory.
  */
+import { ServiceError } from '../errors/errors.ts';
 import { dependencyDown } from '../http/app.ts';
 import type { AppContext } from '../http/context.ts';
 
@@ -31,30 +32,40 @@ export const FAILURE_LOG_EVERY_MS = 60_000;
 export const STOP_WAIT_MS = 10_000;
 
 export function startJobs(
-  ctx: AppContext, jobs: readonly Job[], { schedule = true, stopWaitMs = STOP_WAIT_MS } = {},
+  ctx: AppContext, jobs: readonly Job[],
+  { schedule = true, stopWaitMs = STOP_WAIT_MS, wallNowMs = Date.now }: { schedule?: boolean; stopWaitMs?: number; wallNowMs?: () => number } = {},
 ): JobRunner {
   const timers = new Map<string, NodeJS.Timeout>();
   const running = new Map<string, Promise<void>>();
-  /** Each failing job's run of failures: how many, since when, and when last logged (wall clock). */
-  const failing = new Map<string, { failures: number; sinceMs: number; loggedMs: number }>();
+  /**
+   * Each failing job's run of failures (how many, since when, whether a line said so), and when a
+   * line about each job's failures last went out (wall clock), kept across its recoveries: a
+   * dependency answering one call in two makes a job fail and recover by turns, which logs
+   * at most a failure and its recovery a minute too.
+   */
+  const failing = new Map<string, { failures: number; sinceMs: number; told: boolean }>();
+  const toldMs = new Map<string, number>();
   let stopped = false;
-
   const failed = (job: Job, error: unknown) => {
-    const nowMs = Date.now();
-    const streak = failing.get(job.name) ?? { failures: 0, sinceMs: nowMs, loggedMs: 0 };
+    const nowMs = wallNowMs();
+    const streak = failing.get(job.name) ?? { failures: 0, sinceMs: nowMs, told: false };
     streak.failures += 1;
     failing.set(job.name, streak);
-    if (streak.failures > 1 && nowMs - streak.loggedMs < FAILURE_LOG_EVERY_MS) return;
-    streak.loggedMs = nowMs;
+    if (nowMs - (toldMs.get(job.name) ?? -Infinity) < FAILURE_LOG_EVERY_MS) return;
+    toldMs.set(job.name, nowMs);
     const data = { err: error, job: job.name, failures: streak.failures, since: new Date(streak.sinceMs).toISOString() };
-    // A dependency down is the machine around the service, not a fault of it.
-    if (dependencyDown(error)) ctx.log.warn(data, `job ${job.name} failed: the database or the chain is not answering; tried again at each run`);
-    else ctx.log.error(data, streak.failures === 1 ? 'job failed' : `job ${job.name} still failing`);
+    const message = streak.told ? `job ${job.name} still failing` : 'job failed';
+    streak.told = true;
+    // A dependency down (or not answering in time) is the machine around the service, not a fault of it.
+    const down = dependencyDown(error) || (error instanceof ServiceError && error.code === 'service_unavailable');
+    if (down) ctx.log.warn(data, `${message}: the database or the chain is not answering; tried again at each run`);
+    else ctx.log.error(data, message);
   };
   const succeeded = (job: Job) => {
     const streak = failing.get(job.name);
     if (!streak) return;
     failing.delete(job.name);
+    if (!streak.told) return; // its failures were not told either
     ctx.log.info({ job: job.name, failures: streak.failures, since: new Date(streak.sinceMs).toISOString() },
       `job ${job.name} ran again after ${streak.failures} failed run${streak.failures === 1 ? '' : 's'}`);
   };
