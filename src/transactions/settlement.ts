@@ -353,7 +353,8 @@ const RESEND_TAKEN_EVERY_MS = 2_000;
  * bytes, which the chain runs at most once, until the wait for its outcome is over
  * (`waiting.over`, set by the caller once the outcome came or it gave up) or `untilMs`
  * (performance.now()) passes: each second while no send was taken (a chain that did not answer
- * for a moment), then every two seconds (a chain that took it and lost it, restarted say).
+ * for a moment), then, on a chain of its own, every two seconds (a node that took it and lost
+ * it, restarted say; the embedded validator loses nothing it took but with this process).
  * `first` resolves with whether the first send was taken. One that never lands fails when its
  * blockhash expires, its amount given back; without the sends again, a chain back within a
  * second still never saw it.
@@ -373,6 +374,8 @@ export function sendUntilTaken(
   void first.then(async (taken) => {
     let attempts = 1;
     for (;;) {
+      // The embedded validator loses what it took only with this process, and this loop with it.
+      if (taken && ctx.chain.embedded) return;
       const everyMs = taken ? RESEND_TAKEN_EVERY_MS : RESEND_EVERY_MS;
       if (performance.now() + everyMs >= untilMs) return;
       await new Promise((resolve) => setTimeout(resolve, everyMs));
