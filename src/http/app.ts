@@ -94,6 +94,14 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused
   // as "must be object" instead of asking for the content type the API takes.
   app.removeContentTypeParser('text/plain');
+  // A client that hung up while its request waited for its key check (a database round trip) has
+  // a body stream already ended in error: Fastify's read of it would wait for events that came
+  // before it listened, and the request would stay in memory for good. Ended here as the read's
+  // error would have (clientHungUp).
+  app.addHook('preParsing', async (request, _reply, payload) => {
+    if (request.raw.destroyed && !request.raw.complete) throw Object.assign(new Error('aborted'), { code: 'ECONNRESET', statusCode: 400 });
+    return payload;
+  });
   // Fastify's JSON parser (a `__proto__` key refused), then a key given twice refused too: a
   // proxy or a signature check in front may read the first value where JSON.parse keeps the last.
   const parseJson = app.getDefaultJsonParser('error', 'error');

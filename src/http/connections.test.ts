@@ -10,7 +10,10 @@ import { connect, type AddressInfo, type Socket } from 'node:net';
 import { Writable } from 'node:stream';
 import { after, before, describe, test } from 'node:test';
 import pino from 'pino';
+import { beforeDeadline } from '../../test/deadline.ts';
 import { ADMIN_KEY, startTestService, type TestService } from '../../test/harness.ts';
+import { holdLocks, queuedBehind, withSecondConnection } from '../../test/locks.ts';
+import { hashApiKey } from '../auth/api-keys.ts';
 import { startReceiver } from '../webhooks/testing.ts';
 
 interface RawAnswer { status: number; headers: Record<string, string>; body: any; closed: boolean }
@@ -167,5 +170,36 @@ describe('HTTP connections closed by the client', () => {
     while (!lines.some((line) => line.msg === gone || line.level >= 40)) await new Promise((resolve) => setTimeout(resolve, 5));
     assert.deepEqual(lines.filter((line) => line.level >= 40).map((line) => line.msg), [], 'no warning, no error');
     assert.equal((await t.request('GET', '/v1/organization')).status, 200, 'the service goes on serving');
+  });
+
+  // The guarantee: a request whose client hung up while its key was being checked ends, rather
+  // than waiting for a body whose end came before anyone listened (held in memory for good).
+  test('a client that hangs up while its key is checked: the request ends, logged as such', async (context) => {
+    await withSecondConnection(t, context, async (other) => {
+      const gone = 'the client closed its connection before its body arrived';
+      const toldBefore = lines.filter((line) => line.msg === gone).length;
+      const key = await t.createKey('operator'); // never used: its first request writes last_used_at
+      const held = await holdLocks(other, (tx) => tx.query('SELECT 1 FROM api_keys WHERE key_hash = $1 FOR UPDATE', [hashApiKey(key)]));
+      const socket = connect(port, '127.0.0.1');
+      try {
+        await once(socket, 'connect');
+        socket.write(partialPost(`Authorization: Bearer ${key}\r\n`));
+        await queuedBehind(other, held.pid, 1); // the key check waits for the key's row
+        const closed = once(socket, 'close');
+        socket.destroy();
+        await closed;
+        while ((await new Promise<number>((resolve, reject) => t.service.app.server.getConnections((error, n) => (error ? reject(error) : resolve(n))))) > 0) {
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+      } finally {
+        held.release();
+        await held.done;
+      }
+      const told = await beforeDeadline((async () => {
+        while (lines.filter((line) => line.msg === gone).length <= toldBefore) await new Promise((resolve) => setTimeout(resolve, 5));
+        return true;
+      })(), 10_000);
+      assert.ok(told, 'the request ended and said why');
+    });
   });
 });
