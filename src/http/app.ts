@@ -13,6 +13,7 @@ import rateLimit from '@fastify/rate-limit';
 import underPressure from '@fastify/under-pressure';
 import { SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
+import { ChainUnavailableError } from '../chain/client.ts';
 import { ERROR_CODES, ServiceError, invalidRequest, retryShortly, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate, principalOf } from './auth.ts';
@@ -511,6 +512,8 @@ const POSTGRES_CONNECTION_MESSAGE = /^(Connection terminated|timeout exceeded wh
  */
 export function dependencyDown(error: unknown, depth = 0): boolean {
   if (!error || typeof error !== 'object' || depth > 4) return false;
+  // The chain client's own: a call the chain did not answer in time.
+  if (error instanceof ChainUnavailableError) return true;
   const { code, message, name, cause } = error as { code?: unknown; message?: unknown; name?: unknown; cause?: unknown };
   if (typeof code === 'string' && (NETWORK_ERROR_CODES.has(code) || POSTGRES_DOWN_CODES.has(code))) return true;
   if (typeof message === 'string' && POSTGRES_CONNECTION_MESSAGE.test(message)) return true;

@@ -4,7 +4,6 @@
  * Several processes may run the same jobs: they coordinate through row locks
  * (FOR UPDATE SKIP LOCKED), never through memory.
  */
-import { ServiceError } from '../errors/errors.ts';
 import { dependencyDown } from '../http/app.ts';
 import type { AppContext } from '../http/context.ts';
 
@@ -57,8 +56,7 @@ export function startJobs(
     const message = streak.told ? `job ${job.name} still failing` : 'job failed';
     streak.told = true;
     // A dependency down (or not answering in time) is the machine around the service, not a fault of it.
-    const down = dependencyDown(error) || (error instanceof ServiceError && error.code === 'service_unavailable');
-    if (down) ctx.log.warn(data, `${message}: the database or the chain is not answering; tried again at each run`);
+    if (dependencyDown(error)) ctx.log.warn(data, `${message}: the database or the chain is not answering; tried again at each run`);
     else ctx.log.error(data, message);
   };
   const succeeded = (job: Job) => {
