@@ -6,8 +6,9 @@
  */
 import { createHash } from 'node:crypto';
 import { mkdirSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { PGlite } from '@electric-sql/pglite';
+import { PGlite, type PGliteOptions } from '@electric-sql/pglite';
 import pg from 'pg';
 import { acquireLock } from '../validator/state-file.ts';
 
@@ -236,7 +237,7 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
   }
   // PGlite parses int8 as a number when it fits and a bigint when not: always bigint here.
   const pgliteOptions = { parsers: { 20: bigintParser } };
-  if (!options.dataDir) return new PGliteDatabase(await PGlite.create(pgliteOptions), () => {});
+  if (!options.dataDir) return new PGliteDatabase(await openInMemory(pgliteOptions), () => {});
   const dir = join(options.dataDir, 'pglite');
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   // PGlite allows one process per directory; a second one would corrupt it. The refused one is
@@ -253,6 +254,36 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
     throw error;
   }
 }
+
+/**
+ * An in-memory database (the tests' store: the suite opens some fifty, one or two in each test
+ * file's process). Most of opening one is initdb (~3 s, ~4 CPU s), which makes the same cluster every time, so
+ * a process starts them all from one fresh cluster: the tarball the test runner made for every
+ * process (`AGENT_VAULT_TEST_PGLITE_CLUSTER`, scripts/test.mjs), or else its first in-memory
+ * database's, kept as it was made. Its buffer pool is 16 MB rather than PostgreSQL's 128 MB,
+ * which PGlite sets up at every start (~0.4 s): its pages are in memory anyway.
+ */
+async function openInMemory(options: PGliteOptions): Promise<PGlite> {
+  const inMemory: PGliteOptions = { ...options, postgresqlconf: ['shared_buffers = 16MB'] };
+  const madeByRunner = process.env.AGENT_VAULT_TEST_PGLITE_CLUSTER;
+  if (!freshCluster && madeByRunner) freshCluster = readFile(madeByRunner).then((tarball) => new Blob([tarball]));
+  if (freshCluster) return PGlite.create({ ...inMemory, loadDataDir: await freshCluster });
+  let keep!: (cluster: Blob) => void;
+  let fail!: (error: unknown) => void;
+  freshCluster = new Promise((resolve, reject) => { keep = resolve; fail = reject; });
+  freshCluster.catch(() => {}); // thrown to the first one, and to those waiting for it
+  try {
+    const db = await PGlite.create(inMemory);
+    // One chunk: PGlite reads the tarball whole, and a Blob of one chunk is read in one copy.
+    keep(new Blob([await (await db.dumpDataDir('none')).arrayBuffer()]));
+    return db;
+  } catch (error) {
+    freshCluster = null;
+    fail(error);
+    throw error;
+  }
+}
+let freshCluster: Promise<Blob> | null = null;
 
 export function quoteIdentifier(name: string): string {
   if (!/^[a-z_][a-z0-9_]{0,62}$/.test(name)) throw new Error(`unsafe identifier ${name}`);
