@@ -152,3 +152,25 @@ test('a database holding a migration this build does not have is refused before 
     await other.close();
   }
 });
+
+test('in-memory databases start from a fresh cluster each: nothing one writes is in another, opened at once or after', { skip: !!databaseUrl && 'PGlite only' }, async () => {
+  const open = () => openDatabase({ databaseUrl: null, dataDir: null });
+  const [first, second] = await Promise.all([open(), open()]);
+  try {
+    await migrate(first);
+    await first.exec('CREATE TABLE only_here (id INT)');
+    const third = await open();
+    try {
+      for (const other of [second, third]) {
+        assert.deepEqual(await other.query("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"), [], 'an empty cluster');
+        assert.equal((await migrate(other)).length, listMigrations().length, 'every migration applies');
+      }
+      assert.deepEqual(await third.query('SHOW shared_buffers'), [{ shared_buffers: '16MB' }]);
+    } finally {
+      await third.close();
+    }
+  } finally {
+    await first.close();
+    await second.close();
+  }
+});
