@@ -32,7 +32,7 @@ import {
   recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, serviceAccountSql, type RecipientTarget, type ResolvedRecipient,
 } from '../recipients/recipients.ts';
 import {
-  awaitConfirmation, awaitSettlement, insertTransaction, insertTransactionsSql, recordTransactionFailed, registerSettlementRule,
+  awaitConfirmation, insertTransaction, insertTransactionsSql, recordTransactionFailed, registerSettlementRule, settleInBackground,
   sendUntilTaken, type NewTransaction, type TransactionRow,
 } from '../transactions/settlement.ts';
 import {
@@ -619,10 +619,7 @@ async function send(ctx: Ctx, prepared: PreparedTransaction, recorded: Transacti
     const answered = await awaitConfirmation(ctx, recorded, PAYMENT_WAIT_MS).finally(() => { waiting.over = true; });
     return answered ?? reload(ctx.db, recorded.id);
   }
-  // Settled in the background; the reconciler covers a process that stops before.
-  awaitSettlement(ctx, prepared.signature, PAYMENT_WAIT_MS)
-    .finally(() => { waiting.over = true; })
-    .catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+  settleInBackground(ctx, prepared.signature, PAYMENT_WAIT_MS, waiting);
   if (!ctx.chain.embedded) await taken.first;
   return recorded;
 }

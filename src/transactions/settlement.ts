@@ -399,6 +399,18 @@ export async function awaitSettlement(
 }
 
 /**
+ * Settles a sent transaction behind its answer (the reconciler covers a process that stops
+ * before), then marks `waiting` over, which ends sendUntilTaken's resends.
+ */
+export function settleInBackground(
+  ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, signature: string, timeoutMs: number, waiting: { over: boolean },
+): void {
+  awaitSettlement(ctx, signature, timeoutMs)
+    .finally(() => { waiting.over = true; })
+    .catch((error: unknown) => ctx.log.warn({ err: error, signature }, 'background settlement failed'));
+}
+
+/**
  * For a transaction whose confirmation moves no balance (a payment: its vault was debited when
  * it was recorded), the row as the chain's outcome leaves it, without waiting for the index
  * when that outcome is a confirmation. The settlement is then written behind the answer: the

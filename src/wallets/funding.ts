@@ -15,7 +15,7 @@ import type { AppContext } from '../http/context.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
-import { awaitSettlement, insertTransaction, sendUntilTaken, type TransactionRow } from '../transactions/settlement.ts';
+import { awaitSettlement, insertTransaction, sendUntilTaken, settleInBackground, type TransactionRow } from '../transactions/settlement.ts';
 import { assertNotArchived, assertOrganizationReady, lockWallet, walletNotFound, type WalletRow } from './wallets.ts';
 
 type Ctx = Pick<AppContext, 'db' | 'clock' | 'chain' | 'log'>;
@@ -135,9 +135,7 @@ export async function fundWallets(
     // which settles it (the reconciler covers a process that stops before).
     const waiting = { over: false };
     await sendUntilTaken(ctx, prepared, waiting, performance.now() + SETTLEMENT_WAIT_MS).first;
-    awaitSettlement(ctx, prepared.signature, SETTLEMENT_WAIT_MS)
-      .finally(() => { waiting.over = true; })
-      .catch((error: unknown) => ctx.log.warn({ err: error, signature: prepared.signature }, 'background settlement failed'));
+    settleInBackground(ctx, prepared.signature, SETTLEMENT_WAIT_MS, waiting);
     return { transactions: recorded, status: 'pending' };
   }
   return settle(ctx, prepared, recorded);
