@@ -40,6 +40,8 @@ export interface BuildServiceOptions {
   onAdminKey?: (orgId: string, adminKey: string) => void;
   /** how long close() lets requests in flight finish before it cuts their connections */
   httpCloseWaitMs?: number;
+  /** the wall clock of the logs' once-a-minute lines during an outage (tests) */
+  wallNowMs?: () => number;
 }
 
 /**
@@ -85,11 +87,11 @@ export async function buildService(config: Config, options: BuildServiceOptions 
       onAdminKey: options.onAdminKey,
       onPendingFailed: (orgId, error) => logger.error({ err: error, orgId }, 'organisation not set up on chain: it stays pending until a start sets it up'),
     });
-    const app = await buildApp(ctx, { logger });
+    const app = await buildApp(ctx, { logger, wallNowMs: options.wallNowMs });
     // Without the workers (`serve --no-workers`) the clock is still re-read each second, so a
     // test-clock advance made through another process is this one's time too.
     const jobs = startJobs(ctx, options.workers === false ? JOBS.filter((job) => job.name === CLOCK_REFRESH_JOB) : JOBS,
-      { schedule: options.scheduleJobs ?? true });
+      { schedule: options.scheduleJobs ?? true, wallNowMs: options.wallNowMs });
     const openedDb = db;
     const openedChain = chain;
     return {

@@ -50,7 +50,7 @@ export interface TestService {
 }
 
 export async function startTestService(
-  options: { env?: Record<string, string>; workers?: boolean; logger?: pino.Logger } = {},
+  options: { env?: Record<string, string>; workers?: boolean; logger?: pino.Logger; wallNowMs?: () => number } = {},
 ): Promise<TestService> {
   const dataDir = mkdtempSync(join(tmpdir(), 'av-test-'));
   const databaseUrl = process.env.DATABASE_URL;
@@ -73,6 +73,7 @@ export async function startTestService(
   });
   const service = await buildService(config, {
     inMemoryDatabase: true, schema, scheduleJobs: false, workers: options.workers ?? true, logger: options.logger ?? pino({ level: process.env.TEST_LOG ?? 'silent' }),
+    wallNowMs: options.wallNowMs,
   });
   const { ctx, app } = service;
 

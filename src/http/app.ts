@@ -31,7 +31,16 @@ export const BODY_LIMIT_BYTES = 64 * 1024;
 export interface BuildAppOptions {
   /** server.ts's pino logger; none = silent (tests) */
   logger?: FastifyBaseLogger;
+  /** the wall clock of the outage log's minute (tests) */
+  wallNowMs?: () => number;
 }
+
+/**
+ * A failure that repeats during an outage (a request answered 503, a job failing at each run) is
+ * logged at its first, then at most this often with the count: an outage of two minutes logged
+ * some 4,000 lines from the jobs and 1,259 from requests, each with its error's stack.
+ */
+export const FAILURE_LOG_EVERY_MS = 60_000;
 
 /** The most a client may take to send its request's headers, within the whole request's time. */
 const HEADERS_TIMEOUT_MS = 10_000;
@@ -40,6 +49,7 @@ const CONNECTION_IDLE_MS = 120_000;
 
 export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): Promise<App> {
   const requestTimeoutMs = ctx.config.requestTimeoutSeconds * 1000;
+  const outage: OutageLog = { wallNowMs: options.wallNowMs ?? Date.now, toldMs: -Infinity, untold: 0 };
   const app = Fastify({
     ...(options.logger ? { loggerInstance: options.logger } : { logger: false }),
     bodyLimit: BODY_LIMIT_BYTES,
@@ -70,7 +80,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     frameworkErrors: (error, request, reply) => {
       reply.header('Request-Id', request.id);
       const tooLong = error.code === 'FST_ERR_MAX_PARAM_LENGTH';
-      return sendError(ctx, new ServiceError('invalid_request',
+      return sendError(ctx, outage, new ServiceError('invalid_request',
         tooLong ? 'A path segment is longer than any id this API has.' : 'The URL is malformed (a bad percent-encoding).', { param: 'path' }),
       request, reply);
     },
@@ -233,9 +243,9 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     }
   });
 
-  app.setErrorHandler((error: FastifyError | ServiceError, request, reply) => sendError(ctx, error, request, reply));
+  app.setErrorHandler((error: FastifyError | ServiceError, request, reply) => sendError(ctx, outage, error, request, reply));
   app.setNotFoundHandler((request, reply) =>
-    sendError(ctx, new ServiceError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`), request, reply));
+    sendError(ctx, outage, new ServiceError('not_found', `No route ${request.method} ${request.url.split('?')[0]}.`), request, reply));
 
   await registerDocs(app, ctx);
   // Answered under load too (it reads the database and the chain, as it says it does), both at
@@ -355,7 +365,14 @@ function docsLink(ctx: AppContext, code: ErrorCode): string {
   return `${ctx.config.docsUrl}/errors#${code}`;
 }
 
-function sendError(ctx: AppContext, error: FastifyError | ServiceError, request: FastifyRequest, reply: FastifyReply): FastifyReply {
+/** When the last line about requests answered 503 went out, and how many were answered since. */
+interface OutageLog {
+  wallNowMs: () => number;
+  toldMs: number;
+  untold: number;
+}
+
+function sendError(ctx: AppContext, outage: OutageLog, error: FastifyError | ServiceError, request: FastifyRequest, reply: FastifyReply): FastifyReply {
   const service = toServiceError(error, request.routeOptions.bodyLimit ?? BODY_LIMIT_BYTES);
   if (service.code === 'internal_error') {
     request.log.error({ err: error }, 'unhandled error');
@@ -363,8 +380,17 @@ function sendError(ctx: AppContext, error: FastifyError | ServiceError, request:
     // No answer reaches it, and it is no sign of the database or the chain being down.
     request.log.info('the client closed its connection before its body arrived');
   } else if (service.code === 'service_unavailable' && service.retryAfterS === null) {
-    // A 503 that says when to retry (retryShortly) is a wait, not an outage.
-    request.log.warn({ err: error }, 'dependency unavailable');
+    // A 503 that says when to retry (retryShortly) is a wait, not an outage. Each request's own
+    // line (at info) still has its status.
+    const nowMs = outage.wallNowMs();
+    if (nowMs - outage.toldMs < FAILURE_LOG_EVERY_MS) {
+      outage.untold += 1;
+    } else {
+      const more = outage.untold ? `; ${outage.untold} more answered 503 since the last such line` : '';
+      request.log.warn({ err: error, untold: outage.untold }, `dependency unavailable${more}`);
+      outage.toldMs = nowMs;
+      outage.untold = 0;
+    }
   }
   if (service.replayed) reply.header('Idempotency-Replayed', 'true');
   // Refused before its body was read (a bad key, a rate limit): the client may still be sending

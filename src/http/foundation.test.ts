@@ -5,9 +5,11 @@ import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Writable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import { after, before, describe, test } from 'node:test';
 import { generateKeyPairSigner, lamports } from '@solana/kit';
+import pino from 'pino';
 import { beforeDeadline } from '../../test/deadline.ts';
 import { startTestService, type TestService } from '../../test/harness.ts';
 import { holdLocks, queuedRequest, withSecondConnection } from '../../test/locks.ts';
@@ -641,5 +643,45 @@ describe('request conventions', () => {
     });
     assert.equal(response.status, 400);
     assert.equal(response.body.error.code, 'invalid_request');
+  });
+});
+
+describe('an outage in the log', () => {
+  // The guarantee: requests answered 503 while the database or the chain is down do not flood the
+  // log. The first is logged at warn with its error; later ones within a minute only counted, and
+  // the next line a minute on says how many.
+  test('requests answered 503 for a dependency down are logged once, then once a minute with the count', async () => {
+    const lines: Array<{ level: number; msg: string; untold?: number; err?: { message: string } }> = [];
+    const sink = new Writable({ write(chunk, _encoding, done) { lines.push(JSON.parse(String(chunk))); done(); } });
+    let wallMs = 1_000_000;
+    const t = await startTestService({ workers: false, logger: pino({ level: 'warn' }, sink), wallNowMs: () => wallMs });
+    try {
+      const wallet = await t.request('POST', '/v1/wallets', { body: { agentId: 'outage', label: 'Outage', policyId: 'pol_moderate' } });
+      assert.equal(wallet.status, 200, JSON.stringify(wallet.body));
+      // The database refusing connections, as a stopped server does.
+      const { db } = t.service.ctx;
+      const refused = () => Promise.reject(Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' }));
+      const [query, transaction] = [db.query, db.transaction];
+      db.query = refused;
+      db.transaction = refused;
+      const read = async () => (await t.request('GET', `/v1/wallets/${wallet.body.wallet_id}`)).status;
+      try {
+        const statuses = [];
+        for (let second = 0; second < 30; second += 1, wallMs += 1_000) statuses.push(await read(), await read());
+        assert.deepEqual(new Set(statuses), new Set([503]));
+        assert.deepEqual(lines.map((line) => [line.level, line.msg, line.err?.message]),
+          [[40, 'dependency unavailable', 'connect ECONNREFUSED 127.0.0.1:5432']], 'the first of 60, with its error');
+        wallMs += 30_000;
+        assert.equal(await read(), 503);
+        assert.deepEqual(lines.slice(1).map((line) => [line.level, line.msg, line.untold]),
+          [[40, 'dependency unavailable; 59 more answered 503 since the last such line', 59]], 'a minute on, with the count');
+      } finally {
+        db.query = query;
+        db.transaction = transaction;
+      }
+      assert.equal(await read(), 200, 'served again');
+    } finally {
+      await t.close();
+    }
   });
 });

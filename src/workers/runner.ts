@@ -1,10 +1,12 @@
 /**
  * Background jobs: each a name, an interval, a timeout and a body that calls a use-case. One
- * job never overlaps itself; a failure is logged and the job runs again at its next tick.
+ * job never overlaps itself; a failure is logged and the job runs again at its next tick (a job
+ * failing run after run is logged at its first failure, then at most once a minute with the
+ * count, and once when it runs again: FAILURE_LOG_EVERY_MS).
  * Several processes may run the same jobs: they coordinate through row locks
  * (FOR UPDATE SKIP LOCKED), never through memory.
  */
-import { dependencyDown } from '../http/app.ts';
+import { dependencyDown, FAILURE_LOG_EVERY_MS } from '../http/app.ts';
 import type { AppContext } from '../http/context.ts';
 
 export interface Job {
@@ -19,13 +21,6 @@ export interface JobRunner {
   runOnce(): Promise<void>;
   stop(): Promise<void>;
 }
-
-/**
- * A job failing run after run (the database or the chain down, most jobs running each second or
- * few) is logged at its first failure, then at most this often with the count, and once when it
- * runs again: an outage of two minutes logged some 4,000 lines, an error with its stack each.
- */
-export const FAILURE_LOG_EVERY_MS = 60_000;
 
 /** How long stop() waits for the jobs running then; the rest are left to end with the process. */
 export const STOP_WAIT_MS = 10_000;
