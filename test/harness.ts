@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import pino from 'pino';
 import type { Role } from '../src/auth/api-keys.ts';
 import { loadConfig, type Config } from '../src/config/config.ts';
-import { openDatabase, quoteIdentifier } from '../src/db/database.ts';
+import { applicationName, openDatabase, quoteIdentifier, type Database } from '../src/db/database.ts';
 import { createOrganization, insertApiKey } from '../src/organizations/organizations.ts';
 import { buildService, type Service } from '../src/server.ts';
 import { settlementsWritten } from '../src/transactions/settlement.ts';
@@ -46,6 +46,13 @@ export interface TestService {
    * otherwise see by polling.
    */
   settled(): Promise<void>;
+  /**
+   * PostgreSQL: resolves once the write transactions of the server open now (but this service's
+   * own) have ended, at most 10 s: then the webhook dispatcher's horizon has passed every event
+   * written so far (othersWritesEnded below). A run of the jobs waits for this itself; a test
+   * calling the dispatcher's steps directly waits for it after writing its events. PGlite: at once.
+   */
+  othersWritesEnded(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -76,6 +83,13 @@ export async function startTestService(
     wallNowMs: options.wallNowMs,
   });
   const { ctx, app } = service;
+  if (schema) {
+    const runOnce = service.jobs.runOnce.bind(service.jobs);
+    service.jobs.runOnce = async () => {
+      await othersWritesEnded(ctx.db, applicationName(schema));
+      await runOnce();
+    };
+  }
 
   const request = async <T>(method: string, url: string, opts: RequestOptions = {}): Promise<TestResponse<T>> => {
     const key = opts.key === undefined ? ADMIN_KEY : opts.key;
@@ -101,12 +115,34 @@ export async function startTestService(
       return { orgId: org.id, adminKey: adminKey.key };
     },
     settled: () => settlementsWritten(ctx.db),
+    othersWritesEnded: async () => { if (schema) await othersWritesEnded(ctx.db, applicationName(schema)); },
     async close() {
       await service.close();
       rmSync(dataDir, { recursive: true, force: true });
       if (databaseUrl && schema) await onDatabase(databaseUrl, `DROP SCHEMA IF EXISTS ${quoteIdentifier(schema)} CASCADE`);
     },
   };
+}
+
+/**
+ * On PostgreSQL the suite runs two test files at once, each in a schema of its own, but the
+ * webhook dispatcher's horizon is the oldest write transaction of the whole server
+ * (docs/webhooks.md): another file holding one open (a row lock, say) would hold back the
+ * deliveries of a run of the jobs. So a run first waits, up to 10 s, for the write transactions
+ * open when it was asked for but this test service's own (a test's second connection to its
+ * schema holding one is the test's doing).
+ */
+async function othersWritesEnded(db: Database, ownName: string): Promise<void> {
+  const open = () => db.query<{ pid: number; xid: string }>(
+    `SELECT pid, backend_xid::text AS xid FROM pg_stat_activity
+     WHERE backend_xid IS NOT NULL AND application_name <> $1`, [ownName]);
+  const before = new Set((await open()).map(({ pid, xid }) => `${pid}:${xid}`));
+  const endMs = performance.now() + 10_000;
+  while (before.size && performance.now() < endMs) {
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    const now = new Set((await open()).map(({ pid, xid }) => `${pid}:${xid}`));
+    for (const transaction of before) if (!now.has(transaction)) before.delete(transaction);
+  }
 }
 
 /** Runs one statement on the PostgreSQL server of `databaseUrl`, outside any service (creating or dropping a test's schema). */

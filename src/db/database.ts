@@ -84,6 +84,11 @@ function corkUntilIssued(client: pg.PoolClient): void {
   });
 }
 
+/** Its connections' name in `pg_stat_activity`; with the schema when it works in one (tests). */
+export function applicationName(schema: string | null): string {
+  return schema ? `agent-vault ${schema}` : 'agent-vault';
+}
+
 class PostgresDatabase implements Database {
   readonly kind = 'postgres';
   readonly #pool: pg.Pool;
@@ -100,6 +105,7 @@ class PostgresDatabase implements Database {
     // belongs to its statement alone. Only transaction() sends more than one at a time.
     this.#pool = new pg.Pool({
       connectionString: url, max: POOL_MAX, types, options: options.join(' '), connectionTimeoutMillis: 10_000, pipeline: true,
+      application_name: applicationName(schema),
     });
     // An idle client losing its connection must not crash the process; the pool replaces it.
     this.#pool.on('error', () => {});

@@ -79,6 +79,7 @@ describe('webhook deliveries', () => {
   async function newPolicyEvent(key: string, name: string): Promise<string> {
     assert.equal((await t.request('POST', '/v1/policies', { key, body: { name } })).status, 200);
     const feed = await t.request('GET', '/v1/events?type=policy.created&limit=1', { key });
+    await t.othersWritesEnded();
     return feed.body.data[0].event_id;
   }
   async function serviceNowMs(): Promise<number> {
@@ -394,6 +395,7 @@ describe('webhook deliveries', () => {
     await recordEvents(t.service.ctx.db, t.service.ctx.clock.nowMs(), Array.from({ length: count }, (_, k) => ({
       orgId: org.orgId, type: 'policy.created' as const, summary: `Policy ${k}`, payload: { policy_id: `pol_${k}` },
     })));
+    await t.othersWritesEnded();
     return { key: org.adminKey, webhookId: created.body.webhook_id as string };
   }
 
@@ -532,6 +534,7 @@ describe('webhook deliveries', () => {
     // what every earlier transaction has ended by), then more for as long as it lasts.
     await recordEvent(ctx.db, ctx.clock.nowMs(), { orgId: busy.orgId, type: 'policy.created', summary: 'busy', payload: {} });
     await recordEvent(ctx.db, ctx.clock.nowMs(), { orgId: other.orgId, type: 'policy.created', summary: 'other', payload: {} });
+    await t.othersWritesEnded();
     let running = true;
     const events = (async () => {
       for (let n = 0; running; n += 1) {
