@@ -263,11 +263,12 @@ export async function openDatabase(options: OpenDatabaseOptions): Promise<Databa
 
 /**
  * An in-memory database (the tests' store: the suite opens some fifty, one or two in each test
- * file's process). Most of opening one is initdb (~3 s, ~4 CPU s), which makes the same cluster every time, so
- * a process starts them all from one fresh cluster: the tarball the test runner made for every
- * process (`AGENT_VAULT_TEST_PGLITE_CLUSTER`, scripts/test.mjs), or else its first in-memory
- * database's, kept as it was made. Its buffer pool is 16 MB rather than PostgreSQL's 128 MB,
- * which PGlite sets up at every start (~0.4 s): its pages are in memory anyway.
+ * file's process). Most of opening one is initdb (~3 s, ~4 CPU s), which makes the same cluster
+ * every time, so a process starts them all from one fresh cluster: the tarball the test runner
+ * made for every process (`AGENT_VAULT_TEST_PGLITE_CLUSTER`, scripts/test.mjs), or else its
+ * first in-memory database's, kept as it was made. Its buffer pool is 16 MB rather than
+ * PostgreSQL's 128 MB, which PGlite sets up at every start (~0.4 s): its pages are in memory
+ * anyway.
  */
 async function openInMemory(options: PGliteOptions): Promise<PGlite> {
   const inMemory: PGliteOptions = { ...options, postgresqlconf: ['shared_buffers = 16MB'] };
