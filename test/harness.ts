@@ -83,13 +83,12 @@ export async function startTestService(
     wallNowMs: options.wallNowMs,
   });
   const { ctx, app } = service;
-  if (schema) {
-    const runOnce = service.jobs.runOnce.bind(service.jobs);
-    service.jobs.runOnce = async () => {
-      await othersWritesEnded(ctx.db, applicationName(schema));
-      await runOnce();
-    };
-  }
+  const writesEnded = async () => { if (schema) await othersWritesEnded(ctx.db, applicationName(schema)); };
+  const runOnce = service.jobs.runOnce.bind(service.jobs);
+  service.jobs.runOnce = async () => {
+    await writesEnded();
+    await runOnce();
+  };
 
   const request = async <T>(method: string, url: string, opts: RequestOptions = {}): Promise<TestResponse<T>> => {
     const key = opts.key === undefined ? ADMIN_KEY : opts.key;
@@ -115,7 +114,7 @@ export async function startTestService(
       return { orgId: org.id, adminKey: adminKey.key };
     },
     settled: () => settlementsWritten(ctx.db),
-    othersWritesEnded: async () => { if (schema) await othersWritesEnded(ctx.db, applicationName(schema)); },
+    othersWritesEnded: writesEnded,
     async close() {
       await service.close();
       rmSync(dataDir, { recursive: true, force: true });
