@@ -4,7 +4,8 @@
  * state another validator holds, and closing it persists what it executed.
  */
 import assert from 'node:assert/strict';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { closeSync, constants, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -16,7 +17,7 @@ import { OffsetClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
 import { eventually } from './testing.ts';
 import { ValidatorThread } from './thread.ts';
-import { SNAPSHOT_FILES } from './state-file.ts';
+import { LOCK_FILE, SNAPSHOT_FILES } from './state-file.ts';
 import { LocalValidator, type PublishedStatus } from './validator.ts';
 
 const DAY_S = 24 * 60 * 60;
@@ -108,6 +109,59 @@ describe('ValidatorThread', () => {
         { name: 'ValidatorLockedError', message: /in use by pid/ });
     } finally {
       await holder.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  test('a validator that has not opened in time is ended, and start says so', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    try {
+      // A lock of another container, just touched: opening waits to see whether its holder lives
+      // (up to LOCK_STALE_MS, 15 s), as a large state read at start would take its time.
+      writeFileSync(join(dataDir, LOCK_FILE), '1\nanother-boot:4026531999\n');
+      const started = Date.now();
+      await assert.rejects(ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell, openTimeoutMs: 300 }),
+        { name: 'ValidatorThreadError', message: 'the embedded validator did not open within 300 ms; its thread was ended' });
+      assert.ok(Date.now() - started < 10_000, 'start did not wait for the open');
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  test('a call whose signal aborts rejects with its reason, whatever the thread answers', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    const thread = await ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell });
+    try {
+      const transport = thread.transport();
+      const abort = new AbortController();
+      // Posted to the thread, then aborted in the same turn: its answer can only arrive after.
+      const call = transport({ payload: { jsonrpc: '2.0', id: 1, method: 'getSlot', params: [] }, signal: abort.signal });
+      abort.abort(new Error('given up'));
+      await assert.rejects(call, /given up/);
+      const slot = await transport<{ result: number }>({ payload: { jsonrpc: '2.0', id: 2, method: 'getSlot', params: [] } });
+      assert.equal(typeof slot.result, 'number', 'the next call is answered');
+    } finally {
+      await thread.close();
+      rmSync(dataDir, { recursive: true, force: true });
+    }
+  });
+
+  test('a close held up by its disk rejects in time, saying so', async () => {
+    const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
+    const fifos = SNAPSHOT_FILES.map((file) => join(dataDir, `${file}.tmp`));
+    try {
+      const thread = await ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell });
+      // The next snapshot is written to a new file through its temporary name, here a named pipe
+      // nobody reads: its open waits, as a write to a disk that stopped answering would.
+      for (const file of SNAPSHOT_FILES) rmSync(join(dataDir, file), { force: true });
+      for (const fifo of fifos) execFileSync('mkfifo', [fifo]);
+      await thread.transport()({ payload: { jsonrpc: '2.0', id: 1, method: 'agentVault_mintUsdc', params: [await newRecipient(), '1'] } });
+      const started = Date.now();
+      await assert.rejects(thread.close(500), { message: 'closing the embedded validator: it did not close within 500 ms' });
+      assert.ok(Date.now() - started < 5_000, 'close did not wait for the disk');
+    } finally {
+      // The disk answers again (a reader at each pipe), so that the thread can end and the process exit.
+      for (const fifo of fifos) closeSync(openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK));
       rmSync(dataDir, { recursive: true, force: true });
     }
   });

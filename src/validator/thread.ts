@@ -19,6 +19,14 @@ export interface ValidatorThreadOptions {
   offsetCell: SharedArrayBuffer;
 }
 
+/**
+ * How long the thread may take to open the validator (its snapshot read, its log replayed, a
+ * lock of another host waited out for up to LOCK_STALE_MS) before start gives up and ends it.
+ */
+export const THREAD_OPEN_TIMEOUT_MS = 120_000;
+/** How long close may take to execute what is queued and persist it before the thread is ended anyway. */
+export const THREAD_CLOSE_TIMEOUT_MS = 30_000;
+
 export type ThreadRequest = { kind: 'rpc'; id: number; payload: unknown } | { kind: 'close' };
 export type ThreadReply =
   | { kind: 'ready'; info: ValidatorInfo }
@@ -60,39 +68,64 @@ export class ValidatorThread {
     worker.on('exit', (code) => this.#stop(new ValidatorThreadError(`the embedded validator stopped (exit code ${code})`)));
   }
 
-  /** Starts the thread and opens the validator in it; rejects with the validator's own error when it cannot open. */
-  static start(options: ValidatorThreadOptions & { log?: (entry: Record<string, unknown>) => void }): Promise<ValidatorThread> {
-    const { log = () => {}, ...threadOptions } = options;
+  /**
+   * Starts the thread and opens the validator in it; rejects with the validator's own error when
+   * it cannot open, and ends the thread when it has not opened within `openTimeoutMs`.
+   */
+  static start(options: ValidatorThreadOptions & {
+    log?: (entry: Record<string, unknown>) => void; openTimeoutMs?: number;
+  }): Promise<ValidatorThread> {
+    const { log = () => {}, openTimeoutMs = THREAD_OPEN_TIMEOUT_MS, ...threadOptions } = options;
     const worker = startThread(MODULE, threadOptions);
-    return new Promise((resolve, reject) => {
+    return new Promise<ValidatorThread>((resolve, reject) => {
+      const fail = (error: Error): void => {
+        worker.off('message', early);
+        worker.off('exit', exited);
+        clearTimeout(timer);
+        void worker.terminate();
+        reject(error);
+      };
       const early = (message: ThreadReply): void => {
         if (message.kind === 'log') log(message.entry);
         else if (message.kind === 'ready') {
           worker.off('message', early);
           worker.off('exit', exited);
+          clearTimeout(timer);
           resolve(new ValidatorThread(worker, message.info, log));
         } else if (message.kind === 'failed') {
-          worker.off('exit', exited);
-          void worker.terminate();
           // Its name crosses the thread (a `ValidatorLockedError` is an operator's to fix: one line).
-          reject(Object.assign(new Error(message.error), { name: message.name }));
+          fail(Object.assign(new Error(message.error), { name: message.name }));
         }
       };
-      const exited = (code: number): void => reject(new ValidatorThreadError(`the embedded validator stopped while opening (exit code ${code})`));
+      const exited = (code: number): void => fail(new ValidatorThreadError(`the embedded validator stopped while opening (exit code ${code})`));
+      const timer = setTimeout(() => fail(new ValidatorThreadError(
+        `the embedded validator did not open within ${openTimeoutMs} ms; its thread was ended`)), openTimeoutMs);
       worker.on('message', early);
-      worker.once('error', reject);
+      worker.once('error', fail);
       worker.once('exit', exited);
     });
   }
 
-  /** A @solana/kit transport to this thread's validator. */
+  /**
+   * A @solana/kit transport to this thread's validator. A call whose signal aborts rejects at
+   * once with the signal's reason, and its answer, should one come, is dropped.
+   */
   transport(): RpcTransport {
     return (({ payload, signal }: { payload: unknown; signal?: AbortSignal }) => {
       signal?.throwIfAborted();
       if (this.#stopped) return Promise.reject(this.#stopped);
       const id = this.#nextId++;
       return new Promise((resolve, reject) => {
-        this.#pending.set(id, { resolve, reject });
+        const abandon = (): void => {
+          this.#pending.delete(id);
+          reject(signal!.reason);
+        };
+        signal?.addEventListener('abort', abandon, { once: true });
+        const settled = <T>(settle: (value: T) => void) => (value: T): void => {
+          signal?.removeEventListener('abort', abandon);
+          settle(value);
+        };
+        this.#pending.set(id, { resolve: settled(resolve), reject: settled(reject) });
         this.#worker.postMessage({ kind: 'rpc', id, payload } satisfies ThreadRequest);
       });
     }) as RpcTransport;
@@ -105,22 +138,33 @@ export class ValidatorThread {
     this.#publishedListeners.push(listener);
   }
 
-  /** Executes what is queued, persists and releases the state, and ends the thread. */
-  close(): Promise<void> {
+  /**
+   * Executes what is queued, persists and releases the state, and ends the thread. Rejects when
+   * the validator could not close, or when the whole has not happened within `timeoutMs`: the
+   * thread is then told to end, but a thread whose disk never answers cannot end (its pending
+   * write holds it), and close says so rather than wait with it.
+   */
+  close(timeoutMs = THREAD_CLOSE_TIMEOUT_MS): Promise<void> {
     this.#closing ??= (async () => {
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<'late'>((resolve) => { timer = setTimeout(() => resolve('late'), timeoutMs); });
       try {
+        let error: string | undefined;
         if (!this.#stopped) {
           const closed = new Promise<string | undefined>((resolve) => {
             this.#onClosed = resolve;
             this.#worker.once('exit', () => resolve(undefined));
           });
           this.#worker.postMessage({ kind: 'close' } satisfies ThreadRequest);
-          const error = await closed;
-          if (error) throw new Error(`closing the embedded validator: ${error}`);
+          const outcome = await Promise.race([closed, late]);
+          error = outcome === 'late' ? `it did not close within ${timeoutMs} ms` : outcome;
         }
-      } finally {
         // Ended whatever the close said: a thread left running would keep the process alive.
-        await this.#worker.terminate();
+        const ended = await Promise.race([this.#worker.terminate(), late]);
+        if (error) throw new Error(`closing the embedded validator: ${error}`);
+        if (ended === 'late') throw new Error(`closing the embedded validator: its thread did not end within ${timeoutMs} ms`);
+      } finally {
+        clearTimeout(timer);
       }
     })();
     return this.#closing;
