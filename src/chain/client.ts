@@ -185,6 +185,7 @@ export class ChainClient {
   readonly #waiters = new Map<Signature, Waiter[]>();
   readonly #prepared = new Set<Signature>();
   readonly #signer: FastSigner;
+  readonly #reserved: ReadonlyMap<string, string>;
   #pollTimer: NodeJS.Timeout | null = null;
   #polling = false;
 
@@ -200,11 +201,29 @@ export class ChainClient {
     this.#blockhashMaxAgeMs = options.blockhashMaxAgeMs ?? 5_000;
     this.#callTimeoutMs = options.callTimeoutMs ?? RPC_CALL_TIMEOUT_MS;
     this.#signer = new FastSigner([this.operator, this.arbiter]);
+    this.#reserved = new Map([
+      [this.operator.address, 'the service\'s operator key'], [this.arbiter.address, 'the service\'s arbiter key'],
+      [this.usdcMint, 'the USDC mint'], [this.programId, 'the Agent Vault program'],
+      [program.SYSTEM_PROGRAM, 'the System Program'], [program.TOKEN_PROGRAM, 'the SPL Token program'],
+      [program.ATA_PROGRAM, 'the Associated Token Account program'], [MEMO_PROGRAM, 'the SPL Memo program'],
+    ]);
     options.onPublished?.((statuses) => this.#resolvePublished(statuses));
   }
 
   // -------------------------------------------------------------------------------------------
   // Addresses
+
+  /**
+   * What `address` is, when it is an account no payment can go to: a key of the service, the
+   * USDC mint, or a program its transactions call. The operator key, the mint and the System,
+   * Token and ATA programs are accounts of the payment's own instruction, which the program
+   * refuses to name twice (the chain would fail the payment after it was recorded); the arbiter
+   * key is the service's (credited, the money would be in no index); a program's token account
+   * is one nothing could spend. Null for any other address.
+   */
+  reservedAccount(address: string): string | null {
+    return this.#reserved.get(address) ?? null;
+  }
 
   #cachedPda(key: string, derive: () => Promise<program.Pda>): Promise<program.Pda> {
     let pda = this.#pdas.get(key);

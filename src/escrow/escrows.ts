@@ -34,7 +34,7 @@ import { spendStateOf, spendWindowsFrom, withdrawSpend } from '../payments/spend
 import {
   EXPIRED, EXPIRY_MARGIN_BLOCKS, awaitSettlement, insertTransaction, recordTransactionFailed, registerSettlementRule, type TransactionRow,
 } from '../transactions/settlement.ts';
-import { addressCategories, serviceAccountSql } from '../recipients/recipients.ts';
+import { addressCategories, assertChainPayable, serviceAccountSql } from '../recipients/recipients.ts';
 import { assertVerifierUsable } from '../verifiers/verifiers.ts';
 import { backoffMs } from '../workers/backoff.ts';
 import {
@@ -289,6 +289,7 @@ export async function createEscrow(
   },
 ): Promise<EscrowOutcome> {
   const receiver = await resolveReceiver(ctx.db, orgId, input.toWallet);
+  assertChainPayable(ctx.chain, receiver.address, 'to_wallet');
   if (input.verifierId !== null) await assertVerifierUsable(ctx.db, orgId, input.verifierId);
   const taskHash = sha256Of(input.taskDescription);
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {

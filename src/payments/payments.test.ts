@@ -273,6 +273,37 @@ describe('payments', () => {
     assert.equal(missingField.body.error.param, 'currency');
   });
 
+  test('the service\'s keys, the mint and the programs are invalid_recipient for a payment, its check and an escrow', async () => {
+    const wallet = await fundedWallet(t, '5');
+    const { chain } = t.service.ctx;
+    // Each of the first four is an account of the payment's own instruction (the program refused
+    // it as a duplicate after the payment was recorded); a program's token account is one nothing spends.
+    const accounts = [chain.operator.address, chain.arbiter.address, chain.usdcMint, chain.programId,
+      '11111111111111111111111111111111', 'TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA',
+      'ATokenGPvbdGVxr1b2hvZbsiqW5xWH25efTNsLJA8knL', 'MemoSq4gqABAXKb96qnH8TysNcWxMyWCqXgDLGmfcHr'];
+    const operatorDomain = `${unique('operator')}.example`;
+    assert.equal((await t.request('POST', '/v1/recipients', { body: { domain: operatorDomain, address: chain.operator.address } })).status, 200);
+    for (const to of [...accounts, operatorDomain]) {
+      for (const path of ['/v1/payments', '/v1/payments/check']) {
+        const refused = await t.request('POST', path, { body: { walletId: wallet.wallet_id, to, amount: '1', currency: 'USDC' } });
+        assert.equal(refused.status, 400, `${path} ${to}: ${JSON.stringify(refused.body)}`);
+        assert.equal(refused.body.error.code, 'invalid_recipient');
+        assert.equal(refused.body.error.param, 'to');
+      }
+      if (to === operatorDomain) continue;
+      const escrow = await t.request('POST', '/v1/payments/a2a', {
+        body: { fromWallet: wallet.wallet_id, toWallet: to, amount: '1', currency: 'USDC', taskDescription: 'a task' },
+      });
+      assert.equal(escrow.status, 400, `escrow ${to}: ${JSON.stringify(escrow.body)}`);
+      assert.equal(escrow.body.error.code, 'invalid_recipient');
+      assert.equal(escrow.body.error.param, 'to_wallet');
+    }
+    assert.match((await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: chain.usdcMint, amount: '1', currency: 'USDC' } }))
+      .body.error.message, /is the USDC mint/);
+    assert.equal(await balanceOf(t, wallet.wallet_id), '5.00');
+    assert.equal(await countRows(t, wallet.wallet_id), 0, 'nothing recorded');
+  });
+
   test('the largest amount the service takes is judged by the policy, not refused by the database', async () => {
     const policyId = await newPolicy(t, { maxPerTx: '2' });
     const wallet = await fundedWallet(t, '10', policyId);

@@ -29,7 +29,7 @@ import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
 import { RULE_COLUMNS, findPolicy, rulesOf, type RuleColumns } from '../policies/policies.ts';
 import {
-  recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, serviceAccountSql, type RecipientTarget, type ResolvedRecipient,
+  assertChainPayable, recipientEntrySql, recipientTarget, resolveRecipient, resolvedRecipient, serviceAccountSql, type RecipientTarget, type ResolvedRecipient,
 } from '../recipients/recipients.ts';
 import {
   awaitConfirmation, insertTransaction, insertTransactionsSql, recordTransactionFailed, registerSettlementRule, settleInBackground,
@@ -229,6 +229,7 @@ export async function pay(
   // An archived vault is refused before its recipient is resolved, as the preflight does.
   if (options.wallet) assertNotArchived(options.wallet);
   const recipient = options.recipient?.() ?? await resolveRecipient(ctx.db, orgId, input.to, input.category);
+  assertChainPayable(ctx.chain, recipient.address, 'to');
   for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
     let unlocked = attempt === 0 ? options.wallet : undefined;
     if (!unlocked) {

@@ -11,7 +11,7 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { formatUsdc, parseUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
-import { CATEGORY_PATTERN, malformedRecipient, recipientName, recipientTarget } from '../recipients/recipients.ts';
+import { CATEGORY_PATTERN, assertChainPayable, malformedRecipient, recipientName, recipientTarget } from '../recipients/recipients.ts';
 import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
 import { PaymentView, getTransaction, paymentView } from '../transactions/views.ts';
 import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
@@ -170,6 +170,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const { wallet } = read;
     assertNotArchived(wallet);
     const recipient = read.recipient();
+    assertChainPayable(ctx.chain, recipient.address, 'to');
     // Deleted ones too: the wallet may have moved to another policy and this one been deleted
     // since the wallet was read (the answer is then as of that read, as a check is).
     const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id, { includeDeleted: true });

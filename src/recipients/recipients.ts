@@ -311,6 +311,18 @@ export const serviceAccountSql = (address: string): string =>
     OR EXISTS (SELECT 1 FROM escrows se WHERE se.token_address = ${address}))`;
 
 /**
+ * Refuses a payment's or an escrow's receiving `address` that the chain cannot pay
+ * (ChainClient.reservedAccount): before anything is recorded, as the service's own accounts are.
+ */
+export function assertChainPayable(chain: { reservedAccount(address: string): string | null }, address: string, param: string): void {
+  const account = chain.reservedAccount(address);
+  if (account !== null) {
+    throw new ServiceError('invalid_recipient',
+      `${address} is ${account}, which nothing can be paid to: pay a wallet's address, not the service's keys or a program.`, { param });
+  }
+}
+
+/**
  * What a payment's `to` means for the organisation, given its directory entry: the address to
  * pay, the entry (if any) and the categories the payment counts under (the directory's, else the
  * request's, lowercase). Throws `invalid_recipient`, also when the address is one of the
