@@ -27,7 +27,7 @@ const COLUMNS = [
   'tx_id', 'wallet_id', 'type', 'recipient', 'amount', 'currency', 'status', 'tx_signature', 'on_chain_slot', 'policy_id',
   'policy_triggered', 'violation_rule', 'violation_limit', 'violation_attempted', 'memo', 'agent_attestation_hash',
   'explorer_url', 'explorer_url_alt', 'failure_reason', 'approval_required', 'approval_status', 'approval_expires_at',
-  'approval_decided_by', 'approval_decided_at', 'timestamp', 'settled_at', 'category', 'attested_at', 'escrow_id',
+  'approval_decided_by', 'approval_decided_at', 'timestamp', 'settled_at', 'category', 'attested_at', 'escrow_id', 'batch_id',
 ];
 
 /** RFC 4180: fields separated by commas, records ended by CRLF, quoted fields with doubled quotes. */

@@ -38,7 +38,7 @@ test('the columns are every field of the transaction view, violation and approva
     'tx_id', 'wallet_id', 'type', 'recipient', 'amount', 'currency', 'status', 'tx_signature', 'on_chain_slot', 'policy_id',
     'policy_triggered', 'violation_rule', 'violation_limit', 'violation_attempted', 'memo', 'agent_attestation_hash',
     'explorer_url', 'explorer_url_alt', 'failure_reason', 'approval_required', 'approval_status', 'approval_expires_at',
-    'approval_decided_by', 'approval_decided_at', 'timestamp', 'settled_at', 'category', 'attested_at', 'escrow_id',
+    'approval_decided_by', 'approval_decided_at', 'timestamp', 'settled_at', 'category', 'attested_at', 'escrow_id', 'batch_id',
   ]);
   assert.equal(csvHeader(), `${CSV_COLUMNS.join(',')}\r\n`);
 });
@@ -55,7 +55,7 @@ test('a record has one cell per column, amounts as decimal strings, times in ISO
   const view = transactionView(row, { validator: null, config: { rpcUrl: null } });
   assert.equal(csvRecord(view),
     'tx_1,wal_1,payment,api.example.com,2.50,USDC,blocked,,,pol_1,true,max_per_tx,1.00,2.50,"x, ""y""",,,,,,,,,,'
-    + '2026-04-01T10:00:00.123Z,2026-04-01T10:00:00.123Z,api,,\r\n');
+    + '2026-04-01T10:00:00.123Z,2026-04-01T10:00:00.123Z,api,,,\r\n');
   assert.deepEqual(JSON.parse(jsonLine(view)), view);
   assert.ok(jsonLine(view).endsWith('}\n') && !jsonLine(view).slice(0, -1).includes('\n'), 'one line per transaction');
 });

@@ -13,7 +13,7 @@ import { explorerClusterQuery, listTransactions, type TransactionFilter } from '
 
 const LOCAL_CLUSTER = '?cluster=custom&customUrl=http%3A%2F%2F127.0.0.1%3A8899';
 const VIEW_FIELDS = [
-  'agent_attestation_hash', 'amount', 'approval', 'attested_at', 'category', 'currency', 'escrow_id', 'explorer_url', 'explorer_url_alt', 'failure_reason', 'memo',
+  'agent_attestation_hash', 'amount', 'approval', 'attested_at', 'batch_id', 'category', 'currency', 'escrow_id', 'explorer_url', 'explorer_url_alt', 'failure_reason', 'memo',
   'on_chain_slot', 'policy_id', 'policy_triggered', 'recipient', 'settled_at', 'status', 'timestamp', 'tx_id', 'tx_signature',
   'type', 'violation', 'wallet_id',
 ];

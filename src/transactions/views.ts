@@ -65,6 +65,9 @@ export const TransactionView = Type.Object({
   escrow_id: Type.Union([Type.String(), Type.Null()], {
     description: 'the escrow an a2a_send, escrow_lock, escrow_release, a2a_receive or escrow_refund row belongs to; null for other types',
   }),
+  batch_id: Type.Union([Type.String(), Type.Null()], {
+    description: 'the `POST /v1/wallets/fund-batch` a funding was made by (its answer\'s `batch_id`); null for other transactions',
+  }),
 });
 
 /** A payment's answer (pay, approve, reject, `GET /v1/payments/{tx_id}`): the view and `signature`. */
@@ -153,6 +156,7 @@ export function transactionView(row: TransactionRow & { approval?: StoredApprova
     category: row.category,
     attested_at: row.attested_at?.toISOString() ?? null,
     escrow_id: row.escrow_id,
+    batch_id: row.batch_id,
   };
 }
 

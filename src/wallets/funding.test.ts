@@ -317,6 +317,20 @@ describe('funding and withdrawal', () => {
     await assertIndexEqualsChainAndConserved(t);
   });
 
+  test('a batch of one is a batch: its own batch_id, recorded on its funding', async () => {
+    await deposit(t, '2');
+    const wallet = await newWallet(t);
+    const batch = await t.request('POST', '/v1/wallets/fund-batch', { body: { allocations: [{ walletId: wallet.wallet_id, amount: '1' }] } });
+    assert.equal(batch.status, 200, JSON.stringify(batch.body));
+    assert.match(batch.body.batch_id, /^batch_/);
+    const funding = await t.request('GET', `/v1/transactions/${batch.body.allocations[0].tx_id}`);
+    assert.equal(funding.body.batch_id, batch.body.batch_id, 'the funding names its batch');
+    // A funding of one vault on its own is no batch.
+    const single = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '1', currency: 'USDC' } });
+    assert.equal(single.status, 200, JSON.stringify(single.body));
+    assert.equal((await t.request('GET', `/v1/transactions/${single.body.tx_id}`)).body.batch_id, null);
+  });
+
   test('the largest batch fits in one chain transaction', async () => {
     await deposit(t, '10');
     const wallets = [];

@@ -88,7 +88,8 @@ export function assertDistinctWallets(allocations: readonly Allocation[]): void 
 }
 
 export async function fundWallets(
-  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker, options: { memo?: string; wait?: boolean } = {},
+  ctx: Ctx, orgId: string, allocations: Allocation[], mark?: RecordMarker,
+  options: { memo?: string; wait?: boolean; /** a batch's id even for one allocation (fund-batch) */ batch?: boolean } = {},
 ): Promise<MoveResult> {
   assertDistinctWallets(allocations);
   const wallets = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = ANY($2)',
@@ -96,7 +97,7 @@ export async function fundWallets(
   const byId = new Map(wallets.map((w) => [w.id, w]));
   const nowMs = ctx.clock.nowMs();
   const txIds = new Map(allocations.map((a) => [a.walletId, newId('tx', nowMs)]));
-  const batchId = allocations.length > 1 ? newId('tx', nowMs).replace(/^tx_/, 'batch_') : null;
+  const batchId = allocations.length > 1 || options.batch ? newId('tx', nowMs).replace(/^tx_/, 'batch_') : null;
   const instructions: Instruction[] = [referenceMemoIx(batchId ?? txIds.get(allocations[0]!.walletId)!)];
   for (const allocation of allocations) {
     const wallet = byId.get(allocation.walletId);

@@ -327,7 +327,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       return {
         status: 200,
         body: {
-          batch_id: first.batch_id ?? first.id,
+          batch_id: first.batch_id!,
           status: moved.status,
           total_amount: formatUsdc(allocations.reduce((sum, a) => sum + a.amount, 0n)),
           org_balance_remaining: formatUsdc(await reserveBalance(orgId)),
@@ -344,7 +344,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       orgId, actingKeyId: principalOf(request).keyId, key: idempotencyKeyOf(request.headers['idempotency-key'], request.body.idempotencyKey),
       operation: 'wallets.fund_batch', params: allocations, nowMs: ctx.clock.nowMs(),
       recover: async (signature) => answer(await recordedMove(ctx.db, orgId, signature)),
-    }, async (mark) => answer(await fundWallets(ctx, orgId, allocations, mark)));
+    }, async (mark) => answer(await fundWallets(ctx, orgId, allocations, mark, { batch: true })));
     return sendIdempotent(reply, result);
   });
 
