@@ -3,11 +3,11 @@
  * events (the activity feed, and webhooks subscribed to them). docs/automation.md.
  */
 import { Type } from 'typebox';
-import { ServiceError } from '../errors/errors.ts';
+import { amountOf } from '../http/fields.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { formatUsdc } from '../money/money.ts';
 import { alertSettingsOf, saveAlertSettings, type AlertSettings } from './automation.ts';
 
 const AlertsView = Type.Object({
@@ -49,13 +49,7 @@ export function alertRoutes(app: App, ctx: AppContext): void {
   }, async (request) => {
     const { orgId } = principalOf(request);
     const body = request.body;
-    let large: bigint | null = null;
-    if (body.largeTransactionAbove !== null) {
-      large = parseUsdc(body.largeTransactionAbove);
-      if (large === null) {
-        throw new ServiceError('invalid_amount', 'large_transaction_above must be a positive decimal string of USDC.', { param: 'large_transaction_above' });
-      }
-    }
+    const large = body.largeTransactionAbove === null ? null : amountOf(body.largeTransactionAbove, 'large_transaction_above');
     return alertsView(await saveAlertSettings(ctx.db, ctx.clock.nowMs(), orgId, {
       policyViolation: body.policyViolation, inactivityHours: body.inactivityHours, velocityPerHour: body.velocityPerHour,
       largeTransactionAmount: large,

@@ -5,7 +5,7 @@
  */
 export const ERROR_CODES = {
   invalid_request: { status: 400, description: 'The request is malformed: bad JSON, or a missing, unknown or badly typed field (named in `param`).' },
-  invalid_amount: { status: 400, description: 'An amount must be a positive decimal string with at most 6 fractional digits, no sign, exponent or spaces.' },
+  invalid_amount: { status: 400, description: 'An amount must be a positive decimal string with at most 6 fractional digits and at most 9223372036854.775807, no sign, exponent or spaces.' },
   invalid_currency: { status: 400, description: 'The only currency is `USDC`.' },
   invalid_recipient: { status: 400, description: 'The recipient is neither a valid chain address nor a domain in the organisation\'s recipient directory.' },
   invalid_proof: { status: 400, description: 'The completion proof is malformed or does not verify.' },

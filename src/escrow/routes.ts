@@ -3,14 +3,14 @@
  * resolve (arbiter), read and list. docs/escrow.md has the decisions.
  */
 import { Type } from 'typebox';
-import { amountField, currencyField, recipientField } from '../http/fields.ts';
+import { amountField, amountOf, currencyField, recipientField } from '../http/fields.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage, walletIdOf, walletIdQuery } from '../http/pagination.ts';
-import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { formatUsdc } from '../money/money.ts';
 import type { Violation } from '../payments/policy-engine.ts';
 import { getTransaction } from '../transactions/views.ts';
 import { assertVaultAccess, assertWalletsExist, findWallet, getWallet, walletNotFound } from '../wallets/wallets.ts';
@@ -99,13 +99,6 @@ const WaitField = Type.Optional(Type.Boolean({
   default: true, description: 'false: answer as soon as the chain transaction is sent (`in_flight` tells what is pending)',
 }));
 
-function amountOf(text: string, param: string, allowZero = false): bigint {
-  const amount = parseUsdc(text, { allowZero });
-  if (amount === null) {
-    throw new ServiceError('invalid_amount', `${param} must be a ${allowZero ? '' : 'positive '}decimal string of USDC with at most 6 decimals.`, { param });
-  }
-  return amount;
-}
 
 export function escrowRoutes(app: App, ctx: AppContext): void {
   const sessionTokenOf = (headers: Record<string, unknown>) =>
@@ -285,7 +278,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
     else if (decision === 'refund') split = { toReceiver: 0n, toSender: escrow.amount };
     else {
       if (toReceiver === undefined || toSender === undefined) throw invalidRequest('to_receiver', 'A split needs toReceiver and toSender.');
-      split = { toReceiver: amountOf(toReceiver, 'to_receiver', true), toSender: amountOf(toSender, 'to_sender', true) };
+      split = { toReceiver: amountOf(toReceiver, 'to_receiver', { allowZero: true }), toSender: amountOf(toSender, 'to_sender', { allowZero: true }) };
     }
     return escrowView(await resolveEscrow(ctx, principal, escrow.id, split,
       { wait: request.body.waitForConfirmation ?? true }));

@@ -38,7 +38,10 @@ function documented({ schema, url, route }: { schema: Record<string, any>; url: 
   const permission = (route.config as { permission?: string } | undefined)?.permission;
   const headers: Record<string, ReturnType<typeof Type.Optional<ReturnType<typeof Type.String>>>> = {};
   if (schema.body?.properties?.idempotencyKey) {
-    headers['idempotency-key'] = Type.Optional(Type.String({ description: 'makes the request safe to retry: a replay answers the first answer (or idempotencyKey in the body)' }));
+    headers['idempotency-key'] = Type.Optional(Type.String({
+      description: 'makes the request safe to retry: a replay answers the first answer (or idempotencyKey in the body); '
+        + '1 to 255 printable ASCII characters',
+    }));
   }
   if (permission !== undefined && AGENT_PERMISSIONS.has(permission)) {
     headers['session-token'] = Type.Optional(Type.String({ description: 'with an agent key (and only then) required: the session token of the vault acted on (POST /v1/wallets/{id}/rotate-token)' }));

@@ -6,8 +6,8 @@
  * names the code (`x-error-code`, an OpenAPI extension); app.ts reads it from the failing schema.
  */
 import { Type, type TString } from 'typebox';
-import type { ErrorCode } from '../errors/errors.ts';
-import { AMOUNT_TEXT_MAX } from '../money/money.ts';
+import { ServiceError, type ErrorCode } from '../errors/errors.ts';
+import { AMOUNT_TEXT_MAX, MAX_MICRO_USDC, formatUsdc, parseUsdc } from '../money/money.ts';
 
 /** Currency codes are short (only `USDC` is taken); a longer value is refused by the schema. */
 const CURRENCY_TEXT_MAX = 16;
@@ -21,6 +21,19 @@ function codedString(code: ErrorCode, options: { description?: string; minLength
 /** Decimal USDC as a string (never a JSON number: docs/decisions.md). */
 export const amountField = (description = 'decimal USDC, at most 6 decimals'): TString =>
   codedString('invalid_amount', { maxLength: AMOUNT_TEXT_MAX, description });
+
+/**
+ * A USDC amount field's value in micro-USDC, or `invalid_amount` naming the field and what it
+ * may be (`alternative`: another value it takes, said after the amount).
+ */
+export function amountOf(text: string, param: string, { allowZero = false, alternative = '' } = {}): bigint {
+  const amount = parseUsdc(text, { allowZero });
+  if (amount === null) {
+    throw new ServiceError('invalid_amount', `${param} must be a ${allowZero ? '' : 'positive '}decimal string of USDC${alternative}: `
+      + `at most 6 decimals and ${formatUsdc(MAX_MICRO_USDC)}, no sign, exponent or spaces.`, { param });
+  }
+  return amount;
+}
 
 export const currencyField = (description = 'USDC'): TString => codedString('invalid_currency', { maxLength: CURRENCY_TEXT_MAX, description });
 

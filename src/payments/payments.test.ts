@@ -268,6 +268,10 @@ describe('payments', () => {
     assert.equal(await balanceOf(t, frozen.wallet_id), '1.00');
     assert.equal(await countRows(t, wallet.wallet_id), 0);
     assert.equal(await countRows(t, frozen.wallet_id), 0);
+    // An amount too large says what the largest is, not only how many decimals it may have.
+    const tooLarge = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '99999999999999', currency: 'USDC' } });
+    assert.equal(tooLarge.body.error.message,
+      'amount must be a positive decimal string of USDC: at most 6 decimals and 9223372036854.775807, no sign, exponent or spaces.');
     const missingField = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '1' } });
     assert.equal(missingField.body.error.code, 'invalid_request');
     assert.equal(missingField.body.error.param, 'currency');

@@ -3,13 +3,13 @@
  * co-signature decisions. Reads of a payment are the transaction view (src/transactions).
  */
 import { Type } from 'typebox';
-import { NoFields, amountField, currencyField, recipientField } from '../http/fields.ts';
+import { NoFields, amountField, amountOf, currencyField, recipientField } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
-import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { formatUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
 import { CATEGORY_PATTERN, assertChainPayable, malformedRecipient, recipientName, recipientTarget } from '../recipients/recipients.ts';
 import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
@@ -44,13 +44,6 @@ interface PaymentBody {
   waitForConfirmation?: boolean;
 }
 
-function parseAmount(text: string): bigint {
-  const amount = parseUsdc(text);
-  if (amount === null) {
-    throw new ServiceError('invalid_amount', 'amount must be a positive decimal string of USDC with at most 6 decimals.', { param: 'amount' });
-  }
-  return amount;
-}
 
 function assertUsdc(currency: string): void {
   if (currency !== 'USDC') throw new ServiceError('invalid_currency', `Only USDC is supported, not "${currency}".`, { param: 'currency' });
@@ -90,7 +83,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
 
   const handlePay = async (principal: Principal, walletId: string, body: PaymentBody, headers: Record<string, unknown>) => {
     assertUsdc(body.currency);
-    const amount = parseAmount(body.amount);
+    const amount = amountOf(body.amount, 'amount');
     // Who may pay from this vault is checked on every request; whether it can pay (archived,
     // frozen) is the payment's answer, so a replay after an archive still returns the original.
     // `to` and the category as they are recorded, hashed and compared for idempotency: a domain
@@ -165,7 +158,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const { walletId, category } = request.body;
     const to = recipientName(request.body.to);
     if (request.body.currency !== undefined) assertUsdc(request.body.currency);
-    const amount = parseAmount(request.body.amount);
+    const amount = amountOf(request.body.amount, 'amount');
     const read = await readRequest(principal, walletId, to, category?.toLowerCase() ?? null, request.headers['session-token']);
     const { wallet } = read;
     assertNotArchived(wallet);

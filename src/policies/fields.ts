@@ -5,8 +5,9 @@
  */
 import { isAddress } from '@solana/kit';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import { amountOf } from '../http/fields.ts';
 import { DATE_MS_MAX } from '../http/pagination.ts';
-import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { formatUsdc } from '../money/money.ts';
 import { normaliseDomain } from '../recipients/recipients.ts';
 import type { PolicyRules } from './presets.ts';
 
@@ -61,12 +62,7 @@ export function parsePolicyFields(input: PolicyFieldsInput, nowMs: number): Part
 
 /** "0" is a real limit (nothing allowed), so zero is accepted here, unlike payment amounts. */
 function parseLimit(text: string, param: string): bigint {
-  const micro = parseUsdc(text, { allowZero: true });
-  if (micro === null) {
-    throw new ServiceError('invalid_amount',
-      `${param} must be a decimal string of USDC ("0" allowed) with at most 6 decimals, no sign, exponent or spaces.`, { param });
-  }
-  return micro;
+  return amountOf(text, param, { allowZero: true, alternative: ' ("0" allowed)' });
 }
 
 /**

@@ -3,14 +3,14 @@
  * token, auto-topup settings, and moving USDC between the reserve and vaults.
  */
 import { Type } from 'typebox';
-import { amountField, currencyField } from '../http/fields.ts';
+import { amountField, amountOf, currencyField } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { PageQuery, PageFilter, pageOf, parsePageRequest, toPage } from '../http/pagination.ts';
-import { formatUsdc, parseUsdc } from '../money/money.ts';
+import { formatUsdc } from '../money/money.ts';
 import type { TransactionRow } from '../transactions/settlement.ts';
 import { spendingOf } from '../payments/budgets.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
@@ -62,14 +62,6 @@ const WithdrawView = Type.Object({
   tx_signature: Type.String(),
   on_chain_slot: Type.Union([Type.Integer(), Type.Null()]),
 });
-
-function amountOf(text: string, param = 'amount', alternative = ''): bigint {
-  const amount = parseUsdc(text);
-  if (amount === null) {
-    throw new ServiceError('invalid_amount', `${param} must be a positive decimal string of USDC with at most 6 decimals${alternative}.`, { param });
-  }
-  return amount;
-}
 
 function assertUsdc(currency: string | undefined): void {
   if (currency !== undefined && currency !== 'USDC') {
@@ -262,10 +254,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
       throw new ServiceError('invalid_request', 'Enabling auto-topup needs triggerBelow and topupAmount.',
         { param: triggerBelow === undefined ? 'trigger_below' : 'topup_amount' });
     }
-    const trigger = triggerBelow === undefined ? null : parseUsdc(triggerBelow, { allowZero: true });
-    if (triggerBelow !== undefined && trigger === null) {
-      throw new ServiceError('invalid_amount', 'trigger_below must be a decimal string of USDC.', { param: 'trigger_below' });
-    }
+    const trigger = triggerBelow === undefined ? null : amountOf(triggerBelow, 'trigger_below', { allowZero: true });
     const amount = topupAmount === undefined ? null : amountOf(topupAmount, 'topup_amount');
     const { orgId, keyId } = principalOf(request);
     return view(await setAutoTopup(ctx, orgId, request.params.wallet_id, { enabled, triggerBelow: trigger, topupAmount: amount }, keyId));
@@ -285,7 +274,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const { orgId } = principalOf(request);
     const { wallet_id: walletId } = request.params;
     assertUsdc(request.body.currency);
-    const amount = amountOf(request.body.amount);
+    const amount = amountOf(request.body.amount, 'amount');
     const answer = async (moved: MoveResult) => {
       const { amount: funded, reserve, ...common } = await singleMove(orgId, walletId, moved, 'org_insufficient_balance');
       return { status: 200, body: { ...common, funded_amount: funded, org_balance_remaining: reserve } };
@@ -364,7 +353,7 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     const { orgId } = principalOf(request);
     const { wallet_id: walletId } = request.params;
     assertUsdc(request.body.currency);
-    const amount = request.body.amount === 'all' ? 'all' as const : amountOf(request.body.amount, 'amount', ', or "all" (lowercase) for the whole balance');
+    const amount = request.body.amount === 'all' ? 'all' as const : amountOf(request.body.amount, 'amount', { alternative: ', or "all" (lowercase) for the whole balance' });
     const answer = async (moved: MoveResult) => {
       const { amount: withdrawn, reserve, ...common } = await singleMove(orgId, walletId, moved, 'withdrawal_exceeds_balance');
       return { status: 200, body: { ...common, withdrawn_amount: withdrawn, org_balance: reserve } };
