@@ -12,6 +12,7 @@ import { LocalValidator } from './validator.ts';
 const port = parentPort!;
 const options = workerData as ValidatorThreadOptions;
 const reply = (message: ThreadReply): void => port.postMessage(message);
+reply({ kind: 'loaded' });
 
 try {
   const validator = await LocalValidator.open({

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { closeSync, constants, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, mkdirSync, mkdtempSync, openSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
@@ -116,13 +116,19 @@ describe('ValidatorThread', () => {
   test('a validator that has not opened in time is ended, and start says so', async () => {
     const dataDir = mkdtempSync(join(tmpdir(), 'av-thread-'));
     try {
-      // A lock of another container, just touched: opening waits to see whether its holder lives
-      // (up to LOCK_STALE_MS, 15 s), as a large state read at start would take its time.
-      writeFileSync(join(dataDir, LOCK_FILE), '1\nanother-boot:4026531999\n');
+      // A lock of another container, touched (by its clock) an hour ahead: opening waits to see
+      // whether its holder lives until LOCK_STALE_MS after that, as a large state read at start
+      // would take its time. The bound leaves the thread time to load its code (~1 s; 2.7 s
+      // with both cores busy).
+      const lock = join(dataDir, LOCK_FILE);
+      writeFileSync(lock, '1\nanother-boot:4026531999\n');
+      const ahead = new Date(Date.now() + 3_600_000);
+      utimesSync(lock, ahead, ahead);
       const started = Date.now();
-      await assert.rejects(ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell, openTimeoutMs: 300 }),
-        { name: 'ValidatorThreadError', message: 'the embedded validator did not open within 300 ms; its thread was ended' });
-      assert.ok(Date.now() - started < 10_000, 'start did not wait for the open');
+      await assert.rejects(ValidatorThread.start({ dataDir, slotMs: 10, programSoPath: null, offsetCell: new OffsetClock().offsetCell, openTimeoutMs: 8_000 }),
+        { name: 'ValidatorThreadError',
+          message: 'the embedded validator did not open within 8000 ms (its thread had loaded and was opening the state); its thread was ended' });
+      assert.ok(Date.now() - started < 20_000, 'start did not wait for the open');
     } finally {
       rmSync(dataDir, { recursive: true, force: true });
     }

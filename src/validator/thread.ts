@@ -29,6 +29,7 @@ export const THREAD_CLOSE_TIMEOUT_MS = 30_000;
 
 export type ThreadRequest = { kind: 'rpc'; id: number; payload: unknown } | { kind: 'close' };
 export type ThreadReply =
+  | { kind: 'loaded' }
   | { kind: 'ready'; info: ValidatorInfo }
   | { kind: 'failed'; error: string; name: string }
   | { kind: 'log'; entry: Record<string, unknown> }
@@ -78,6 +79,8 @@ export class ValidatorThread {
     const { log = () => {}, openTimeoutMs = THREAD_OPEN_TIMEOUT_MS, ...threadOptions } = options;
     const worker = startThread(MODULE, threadOptions);
     return new Promise<ValidatorThread>((resolve, reject) => {
+      /** whether the thread's code loaded: a start that times out says which step it was in */
+      let loaded = false;
       const fail = (error: Error): void => {
         worker.off('message', early);
         worker.off('exit', exited);
@@ -87,6 +90,7 @@ export class ValidatorThread {
       };
       const early = (message: ThreadReply): void => {
         if (message.kind === 'log') log(message.entry);
+        else if (message.kind === 'loaded') loaded = true;
         else if (message.kind === 'ready') {
           worker.off('message', early);
           worker.off('exit', exited);
@@ -98,8 +102,9 @@ export class ValidatorThread {
         }
       };
       const exited = (code: number): void => fail(new ValidatorThreadError(`the embedded validator stopped while opening (exit code ${code})`));
-      const timer = setTimeout(() => fail(new ValidatorThreadError(
-        `the embedded validator did not open within ${openTimeoutMs} ms; its thread was ended`)), openTimeoutMs);
+      const timer = setTimeout(() => fail(new ValidatorThreadError(`the embedded validator did not open within ${openTimeoutMs} ms `
+        + `(${loaded ? 'its thread had loaded and was opening the state' : 'its thread had not loaded its code'}); its thread was ended`)),
+      openTimeoutMs);
       worker.on('message', early);
       worker.once('error', fail);
       worker.once('exit', exited);
