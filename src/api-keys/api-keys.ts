@@ -7,6 +7,7 @@ import { Type } from 'typebox';
 import { ROLES, type Role } from '../auth/api-keys.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import { NAME_PATTERN, NAME_TEXT, patternString } from '../http/fields.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import { insertApiKey } from '../organizations/organizations.ts';
@@ -14,14 +15,13 @@ import { forgetApiKey } from '../http/auth.ts';
 
 export const KEY_NAME_MAX = 100;
 /** At least one visible character and no control characters (names are printed in tables). */
-export const KEY_NAME_PATTERN = '^(?=.*\\S)[^\\u0000-\\u001f\\u007f]+$';
-const KEY_NAME_REGEX = new RegExp(KEY_NAME_PATTERN, 'u');
+const KEY_NAME_REGEX = new RegExp(NAME_PATTERN, 'u');
 
 export const RoleSchema = Type.Union([
   Type.Literal('admin'), Type.Literal('operator'), Type.Literal('agent'), Type.Literal('viewer'), Type.Literal('arbiter'),
 ], { description: 'admin: everything, API keys included; operator: all but API keys; agent: pay from vaults it holds a session token for; viewer: read only; arbiter: resolves disputed escrows' });
 
-export const KeyNameSchema = Type.String({ minLength: 1, maxLength: KEY_NAME_MAX, pattern: KEY_NAME_PATTERN });
+export const KeyNameSchema = patternString(NAME_PATTERN, NAME_TEXT, { minLength: 1, maxLength: KEY_NAME_MAX });
 
 /** A key as lists show it: never the key itself, never its hash. */
 export const ApiKeyView = Type.Object({

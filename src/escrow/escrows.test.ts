@@ -772,6 +772,11 @@ describe('escrow', () => {
     ];
     for (const [decision, status, receiverBalance, senderBalance] of cases) {
       const created = (await open(from, to.wallet_id, { expectedOutputHash: OUTPUT_HASH })).body;
+      // A reason of spaces gives the arbiter nothing to judge: refused, the escrow left locked.
+      const blank = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, { body: { reason: ' \n ' } });
+      assert.deepEqual([blank.status, blank.body.error?.code, blank.body.error?.param], [400, 'invalid_request', 'reason'], JSON.stringify(blank.body));
+      assert.equal(blank.body.error.message, 'Invalid value for "reason": must not be blank: say why, for the arbiter.');
+      assert.equal((await escrowOf(created.escrow_id)).status, 'locked');
       const disputed = await t.request('POST', `/v1/payments/a2a/${created.escrow_id}/dispute`, {
         body: { reason: 'The summary misses half the filings', evidence: sha256Of('screenshot') },
       });

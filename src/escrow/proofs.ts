@@ -22,6 +22,7 @@ export const PROOF_TYPES = ['output_hash', 'signed_attestation', 'webhook_callba
 export type ProofType = (typeof PROOF_TYPES)[number];
 
 export const SHA256_PATTERN = '^sha256:[0-9a-f]{64}$';
+export const SHA256_TEXT = 'must be "sha256:" and 64 lowercase hex digits';
 const SHA256 = new RegExp(SHA256_PATTERN);
 /** An output fetched to check its hash: at most this long and this large. */
 export const OUTPUT_FETCH_TIMEOUT_MS = 5_000;

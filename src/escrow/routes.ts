@@ -3,7 +3,7 @@
  * resolve (arbiter), read and list. docs/escrow.md has the decisions.
  */
 import { Type } from 'typebox';
-import { amountField, amountOf, currencyField, recipientField } from '../http/fields.ts';
+import { NOT_BLANK_PATTERN, amountField, amountOf, currencyField, patternString, recipientField } from '../http/fields.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
@@ -19,7 +19,7 @@ import {
   completeEscrow, createEscrow, declineEscrow, disputeEscrow, getEscrow, isServiceArbiter, notServiceArbiter, receiverAddress, resolveEscrow,
   type EscrowRow, type PartySession,
 } from './escrows.ts';
-import { PROOF_MAX_CHARS, SHA256_PATTERN, acceptedProofTypes } from './proofs.ts';
+import { PROOF_MAX_CHARS, SHA256_PATTERN, SHA256_TEXT, acceptedProofTypes } from './proofs.ts';
 
 const StringOrNull = Type.Union([Type.String(), Type.Null()]);
 const EscrowStatusSchema = Type.Union([
@@ -154,7 +154,7 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
         currency: currencyField(),
         taskDescription: Type.String({ minLength: 1, maxLength: TASK_DESCRIPTION_MAX, description: 'recorded on chain as its SHA-256' }),
         timeoutSeconds: Type.Optional(Type.Integer({ minimum: TIMEOUT_SECONDS_MIN, maximum: TIMEOUT_SECONDS_MAX, default: TIMEOUT_SECONDS_DEFAULT })),
-        expectedOutputHash: Type.Optional(Type.String({ pattern: SHA256_PATTERN, description: 'an output_hash proof must equal it' })),
+        expectedOutputHash: Type.Optional(patternString(SHA256_PATTERN, SHA256_TEXT, { description: 'an output_hash proof must equal it' })),
         verifierId: Type.Optional(Type.String({ maxLength: 64, description: 'the verifier whose webhook_callback proofs complete it' })),
         idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
         waitForConfirmation: WaitField,
@@ -219,8 +219,8 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       tags: ['Escrow'], summary: 'Dispute a locked escrow before its timeout: only an arbiter settles it then',
       params: EscrowParams,
       body: Type.Object({
-        reason: Type.String({ minLength: 1, maxLength: 1000 }),
-        evidence: Type.Optional(Type.String({ pattern: SHA256_PATTERN, description: 'a hash of the evidence, sha256:<hex>' })),
+        reason: patternString(NOT_BLANK_PATTERN, 'must not be blank: say why, for the arbiter', { minLength: 1, maxLength: 1000 }),
+        evidence: Type.Optional(patternString(SHA256_PATTERN, SHA256_TEXT, { description: 'a hash of the evidence, sha256:<hex>' })),
       }, { additionalProperties: false }),
       response: { 200: EscrowView },
     },

@@ -18,7 +18,7 @@ import { ERROR_CODES, ServiceError, invalidRequest, retryShortly, type ErrorCode
 import { newId } from '../ids/ids.ts';
 import { authenticate, principalOf } from './auth.ts';
 import { duplicateKeyPath } from './duplicate-keys.ts';
-import { ERROR_CODE_KEYWORD } from './fields.ts';
+import { ERROR_CODE_KEYWORD, PATTERN_TEXT_KEYWORD } from './fields.ts';
 import type { AppContext } from './context.ts';
 import { registerDocs } from './docs.ts';
 import { registerRoutes } from './routes.ts';
@@ -94,7 +94,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
         // It then also carries the offending data (up to the whole body): toServiceError keeps
         // neither, and validation errors must not be logged whole.
         verbose: true,
-        keywords: [ERROR_CODE_KEYWORD],
+        keywords: [ERROR_CODE_KEYWORD, PATTERN_TEXT_KEYWORD],
       },
     },
   }).withTypeProvider<TypeBoxTypeProvider>() as unknown as App;
@@ -502,6 +502,9 @@ function failureText(first: ValidationFailure, all: readonly ValidationFailure[]
     const example = /^\d+(\.\d{1,6})?$/.test(String(first.data)) ? String(first.data) : '0.25';
     return `must be a string, such as "${example}" (amounts are decimal strings)`;
   }
+  // A pattern is said in words where its schema gives them (fields.ts patternString), never as the expression.
+  const patternText = first.parentSchema?.[PATTERN_TEXT_KEYWORD];
+  if (first.keyword === 'pattern' && typeof patternText === 'string') return patternText;
   // `?limit=1&limit=2` arrives as an array: the field is repeated, not of the wrong type.
   if (context === 'querystring' && first.keyword === 'type' && Array.isArray(first.data) && first.data.length > 1) {
     return 'given more than once; give it once';

@@ -13,6 +13,19 @@ import { AMOUNT_TEXT_MAX, MAX_MICRO_USDC, formatUsdc, parseUsdc } from '../money
 const CURRENCY_TEXT_MAX = 16;
 
 export const ERROR_CODE_KEYWORD = 'x-error-code';
+/** What a string's `pattern` asks for, in words: a refusal says it instead of the regular expression. */
+export const PATTERN_TEXT_KEYWORD = 'x-pattern-text';
+
+/** A string that must match `pattern`; refused, it is told `text` ("must …"). */
+export function patternString(pattern: string, text: string, options: { description?: string; minLength?: number; maxLength?: number } = {}): TString {
+  return Type.String({ ...options, pattern, [PATTERN_TEXT_KEYWORD]: text });
+}
+
+/** Text people write (a reason): at least one character that is not a space. */
+export const NOT_BLANK_PATTERN = '\\S';
+/** A name people give (an API key's, a verifier's, an organisation's): not blank, no control characters. */
+export const NAME_PATTERN = '^(?=.*\\S)[^\\u0000-\\u001f\\u007f]+$';
+export const NAME_TEXT = 'must not be blank nor hold control characters';
 
 function codedString(code: ErrorCode, options: { description?: string; minLength?: number; maxLength?: number }): TString {
   return Type.String({ ...options, [ERROR_CODE_KEYWORD]: code });

@@ -463,6 +463,23 @@ describe('request conventions', () => {
     }
   });
 
+  test('a value a pattern refuses is told what the field takes, in words, never as the regular expression', async () => {
+    const key = await t.createKey('admin');
+    const cases: Array<[string, Record<string, unknown>, string, string]> = [
+      ['/v1/api-keys', { name: ' \t ', role: 'read' }, 'name', 'must not be blank nor hold control characters'],
+      ['/v1/wallets', { agentId: '-agent', label: 'x', policyId: 'pol_moderate' }, 'agent_id',
+        'must be 1–128 characters of letters, digits, ".", "_", ":", "@" or "-", starting with a letter or digit'],
+      ['/v1/policies', { name: '   ' }, 'name', 'must not be blank'],
+      ['/v1/recipients', { domain: 'shop.example', address: '11111111111111111111111111111112', category: 'a b' }, 'category',
+        'must be 1–64 characters of letters, digits, "_", "." or "-"'],
+    ];
+    for (const [path, body, param, text] of cases) {
+      const refused = await t.request('POST', path, { key, body });
+      assert.deepEqual([refused.status, refused.body.error?.param], [400, param], JSON.stringify(refused.body));
+      assert.ok(refused.body.error.message.endsWith(`: ${text}.`), refused.body.error.message);
+    }
+  });
+
   test('a value outside a fixed list names the values taken; an amount sent as a JSON number says to send a string', async () => {
     const key = await t.createKey('admin');
     const status = await t.request('GET', '/v1/transactions?status=bogus', { key });

@@ -7,6 +7,7 @@ import type { AppContext } from '../http/context.ts';
 import type { Queryable } from '../db/database.ts';
 import { generateApiKey, hashApiKey, describeKey, type Role } from '../auth/api-keys.ts';
 import { invalidRequest } from '../errors/errors.ts';
+import { NAME_PATTERN } from '../http/fields.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { decodeReserve, type ReserveAccount } from '../chain/program.ts';
@@ -268,7 +269,7 @@ async function bootstrapOnce(
 
 export const ORGANIZATION_NAME_MAX = 100;
 /** At least one visible character and no control characters (names are printed in tables). */
-const ORGANIZATION_NAME = /^(?=.*\S)[^\u0000-\u001f\u007f]+$/u;
+const ORGANIZATION_NAME = new RegExp(NAME_PATTERN, 'u');
 
 export function assertOrganizationName(name: string): void {
   if (name.length > ORGANIZATION_NAME_MAX || !ORGANIZATION_NAME.test(name)) {

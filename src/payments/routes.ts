@@ -3,7 +3,7 @@
  * co-signature decisions. Reads of a payment are the transaction view (src/transactions).
  */
 import { Type } from 'typebox';
-import { NoFields, amountField, amountOf, currencyField, recipientField } from '../http/fields.ts';
+import { NoFields, amountField, amountOf, currencyField, patternString, recipientField } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf, type Principal } from '../http/auth.ts';
@@ -11,7 +11,7 @@ import type { AppContext } from '../http/context.ts';
 import { idempotencyKeyOf, runIdempotent, sendIdempotent } from '../http/idempotency.ts';
 import { formatUsdc } from '../money/money.ts';
 import { findPolicy, rulesOf } from '../policies/policies.ts';
-import { CATEGORY_PATTERN, assertChainPayable, malformedRecipient, recipientName, recipientTarget } from '../recipients/recipients.ts';
+import { CATEGORY_PATTERN, CATEGORY_TEXT, assertChainPayable, malformedRecipient, recipientName, recipientTarget } from '../recipients/recipients.ts';
 import { settleKnownOutcomes, type TransactionRow } from '../transactions/settlement.ts';
 import { PaymentView, getTransaction, paymentView } from '../transactions/views.ts';
 import { assertNotArchived, assertVaultAccess, walletNotFound } from '../wallets/wallets.ts';
@@ -25,8 +25,8 @@ const PaymentFields = {
   amount: amountField(),
   currency: currencyField(),
   memo: Type.Optional(Type.String({ maxLength: MEMO_MAX_CHARS, description: 'stored off chain; the attestation hash commits to it' })),
-  category: Type.Optional(Type.String({
-    pattern: CATEGORY_PATTERN, description: 'used when the recipient directory has none; case-insensitive, read lowercase as the directory stores them',
+  category: Type.Optional(patternString(CATEGORY_PATTERN, CATEGORY_TEXT, {
+    description: 'used when the recipient directory has none; case-insensitive, read lowercase as the directory stores them',
   })),
   idempotencyKey: Type.Optional(Type.String({ description: 'or the Idempotency-Key header' })),
   waitForConfirmation: Type.Optional(Type.Boolean({

@@ -5,7 +5,8 @@
 import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
-import { CATEGORY_PATTERN } from '../recipients/recipients.ts';
+import { NOT_BLANK_PATTERN, patternString } from '../http/fields.ts';
+import { CATEGORY_PATTERN, CATEGORY_TEXT } from '../recipients/recipients.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
 import {
@@ -19,7 +20,7 @@ import {
 
 const PolicyParams = Type.Object({ policy_id: Type.String({ maxLength: 64 }) });
 
-const Name = Type.String({ minLength: 1, maxLength: POLICY_NAME_MAX, pattern: '\\S', description: 'human-readable name' });
+const Name = patternString(NOT_BLANK_PATTERN, 'must not be blank', { minLength: 1, maxLength: POLICY_NAME_MAX, description: 'human-readable name' });
 /** Decimal USDC, "0" allowed (nothing may pass); null = no limit. The schema bounds the length, parsing does the rest. */
 const Limit = (description: string) => Type.Optional(Type.Union([Type.String({ maxLength: 40, description: 'decimal USDC' }), Type.Null()], { description }));
 
@@ -34,7 +35,7 @@ const RuleFields = {
   allowedRecipients: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: RECIPIENT_LENGTH_MAX }), {
     maxItems: ALLOWED_RECIPIENTS_MAX, description: 'chain addresses or domain names; empty = any recipient',
   })),
-  blockedCategories: Type.Optional(Type.Array(Type.String({ pattern: CATEGORY_PATTERN }), {
+  blockedCategories: Type.Optional(Type.Array(patternString(CATEGORY_PATTERN, CATEGORY_TEXT), {
     maxItems: BLOCKED_CATEGORIES_MAX, description: 'category codes, any case: compared and stored lowercase',
   })),
   expiry: Type.Optional(Type.Union([Type.String({ maxLength: 40 }), Type.Null()], {

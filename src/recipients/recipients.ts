@@ -17,6 +17,7 @@ export const DOMAIN_LENGTH_MAX = 253;
 export const RECIPIENT_LABEL_MAX = 200;
 /** What a request may send as a category; it is stored and compared lowercase. */
 export const CATEGORY_PATTERN = '^[A-Za-z0-9_.-]{1,64}$';
+export const CATEGORY_TEXT = 'must be 1–64 characters of letters, digits, "_", "." or "-"';
 
 /**
  * One DNS label (RFC 1123): letters, digits and inner hyphens, 1–63 characters. Checked after

@@ -6,9 +6,10 @@ import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
+import { patternString } from '../http/fields.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
 import {
-  CATEGORY_PATTERN, DOMAIN_LENGTH_MAX, RECIPIENT_LABEL_MAX, RecipientView,
+  CATEGORY_PATTERN, CATEGORY_TEXT, DOMAIN_LENGTH_MAX, RECIPIENT_LABEL_MAX, RecipientView,
   createRecipient, deleteRecipient, getRecipient, listRecipients, recipientView, updateRecipient,
 } from './recipients.ts';
 
@@ -22,7 +23,7 @@ const RecipientParams = Type.Object({ recipient_id: Type.String({ maxLength: 64 
 const Domain = Type.String({ maxLength: TEXT_BOUND, description: `a DNS name with at least one dot, at most ${DOMAIN_LENGTH_MAX} characters; case-insensitive, stored lowercase` });
 const ChainAddress = Type.String({ maxLength: TEXT_BOUND, description: 'base58 of a 32-byte public key' });
 const Category = Type.Union([
-  Type.String({ pattern: CATEGORY_PATTERN, description: 'a category code, stored lowercase' }), Type.Null(),
+  patternString(CATEGORY_PATTERN, CATEGORY_TEXT, { description: 'a category code, stored lowercase' }), Type.Null(),
 ]);
 const Label = Type.Union([Type.String({ minLength: 1, maxLength: RECIPIENT_LABEL_MAX }), Type.Null()]);
 
@@ -49,7 +50,7 @@ export function recipientRoutes(app: App, ctx: AppContext): void {
       tags: ['Recipients'], summary: 'List the recipient directory, newest first',
       querystring: Type.Object({
         ...PageQuery,
-        category: Type.Optional(Type.String({ pattern: CATEGORY_PATTERN, description: 'only recipients of this category' })),
+        category: Type.Optional(patternString(CATEGORY_PATTERN, CATEGORY_TEXT, { description: 'only recipients of this category' })),
         domain: Type.Optional(Type.String({ maxLength: DOMAIN_LENGTH_MAX, description: 'only the recipient of this domain (case-insensitive)' })),
       }, { additionalProperties: false }),
       response: { 200: pageOf(RecipientView) },

@@ -6,11 +6,11 @@ import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
 import type { AppContext } from '../http/context.ts';
-import { NoFields } from '../http/fields.ts';
+import { NAME_PATTERN, NAME_TEXT, NoFields, patternString } from '../http/fields.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
 import { OUTBOUND_URL_LENGTH_MAX } from '../net/outbound.ts';
 import {
-  VERIFIER_NAME_MAX, VERIFIER_NAME_PATTERN, VerifierView, VerifierWithSecretView,
+  VERIFIER_NAME_MAX, VerifierView, VerifierWithSecretView,
   createVerifier, getVerifier, listVerifiers, revokeVerifier, rotateVerifierSecret, verifierView, verifierWithSecretView,
 } from './verifiers.ts';
 
@@ -24,7 +24,7 @@ export function verifierRoutes(app: App, ctx: AppContext): void {
       description: 'A `url` that is not http(s), carries credentials, or points at localhost or a non-public address '
         + '(unless AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS is on) answers 400 `invalid_request` with `param: "url"`.',
       body: Type.Object({
-        name: Type.String({ minLength: 1, maxLength: VERIFIER_NAME_MAX, pattern: VERIFIER_NAME_PATTERN }),
+        name: patternString(NAME_PATTERN, NAME_TEXT, { minLength: 1, maxLength: VERIFIER_NAME_MAX }),
         url: Type.Optional(Type.String({ maxLength: OUTBOUND_URL_LENGTH_MAX, description: 'where the verifier can be reached, for your records' })),
       }, { additionalProperties: false }),
       response: { 200: VerifierWithSecretView },

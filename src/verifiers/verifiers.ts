@@ -12,14 +12,14 @@ import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import { Type } from 'typebox';
 import type { Queryable } from '../db/database.ts';
 import { ServiceError, invalidRequest } from '../errors/errors.ts';
+import { NAME_PATTERN } from '../http/fields.ts';
 import { PageFilter, toPage, type PageRequest } from '../http/pagination.ts';
 import { newId } from '../ids/ids.ts';
 import { assertPublicUrl } from '../net/outbound.ts';
 
 export const VERIFIER_NAME_MAX = 200;
 /** At least one visible character and no control characters (names are printed in tables and logs). */
-export const VERIFIER_NAME_PATTERN = '^(?=.*\\S)[^\\u0000-\\u001f\\u007f]+$';
-const VERIFIER_NAME = new RegExp(VERIFIER_NAME_PATTERN, 'u');
+const VERIFIER_NAME = new RegExp(NAME_PATTERN, 'u');
 /** After a rotation the previous secret keeps verifying this long, so the verifier can switch without a gap. */
 export const SECRET_ROTATION_OVERLAP_MS = 24 * 3600 * 1000;
 /** A proof's time may differ from the service clock by at most this much, either way. */

@@ -3,7 +3,7 @@
  * token, auto-topup settings, and moving USDC between the reserve and vaults.
  */
 import { Type } from 'typebox';
-import { amountField, amountOf, currencyField } from '../http/fields.ts';
+import { amountField, amountOf, currencyField, patternString } from '../http/fields.ts';
 import { ServiceError } from '../errors/errors.ts';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
@@ -26,7 +26,8 @@ import {
 
 const WalletParams = Type.Object({ wallet_id: Type.String({ maxLength: 64 }) });
 const IdempotencyKeyField = Type.Optional(Type.String({ description: 'or the Idempotency-Key header' }));
-const Tags = Type.Array(Type.String({ pattern: TAG_PATTERN }), { maxItems: TAGS_MAX });
+const Tags = Type.Array(patternString(TAG_PATTERN, 'must be 1–50 characters of letters, digits, "_", ".", ":", "/" or "-", starting with a letter or digit'),
+  { maxItems: TAGS_MAX });
 const Label = Type.String({ minLength: 1, maxLength: LABEL_MAX });
 const PolicyId = Type.String({ minLength: 1, maxLength: 64 });
 
@@ -105,7 +106,9 @@ export function walletRoutes(app: App, ctx: AppContext): void {
     schema: {
       tags: ['Wallets'], summary: 'Create a wallet (a vault on chain) for an agent',
       body: Type.Object({
-        agentId: Type.String({ pattern: AGENT_ID_PATTERN, description: 'your identifier of the agent; unique, never reused' }),
+        agentId: patternString(AGENT_ID_PATTERN,
+          'must be 1–128 characters of letters, digits, ".", "_", ":", "@" or "-", starting with a letter or digit',
+          { description: 'your identifier of the agent; unique, never reused' }),
         label: Label,
         policyId: PolicyId,
         tags: Type.Optional(Tags),
