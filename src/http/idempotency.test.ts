@@ -80,6 +80,31 @@ describe('idempotency keys', () => {
     assert.equal(replay.replayed, true);
   });
 
+  test('a first request whose answer the database failed to store ends its lease: a retry at once answers from the record', async () => {
+    const key = newKey();
+    const { db } = t.service.ctx;
+    // The database fails the one statement that stores the answer, as a connection dropped at
+    // that moment would; every other statement (the lease's end among them) reaches it.
+    const failing = new Proxy(db, {
+      get(target, name) {
+        if (name === 'query') {
+          return (sql: string, params?: unknown[]) => (/SET state = 'done'/.test(sql)
+            ? Promise.reject(Object.assign(new Error('terminating connection due to administrator command'), { code: '57P01' }))
+            : target.query(sql, params));
+        }
+        const value: unknown = Reflect.get(target, name, target);
+        return typeof value === 'function' ? value.bind(target) : value;
+      },
+    });
+    const recover = async (resourceId: string) => ({ status: 200, body: { recovered: resourceId } });
+    await assert.rejects(runIdempotent(failing, op(key, 20_000, { recover }), async (mark) => {
+      await db.transaction(async (tx) => { await mark(tx, 'tx_recorded'); });
+      return { status: 200, body: { made: true } };
+    }), /terminating connection/);
+    assert.deepEqual(await runIdempotent(db, op(key, 20_001, { recover }), async () => ({ status: 200, body: { ranAgain: true } })),
+      { status: 200, body: { recovered: 'tx_recorded' }, replayed: true }, 'within what was the lease: answered from the record');
+  });
+
   test('a first request that stopped before recording anything runs again once its lease is over', async () => {
     const key = newKey();
     // A request that never answers (its process died): its work never settles.

@@ -173,25 +173,37 @@ export async function runIdempotent(
       [op.orgId, key, resourceId, holder]);
     if (!marked.length) throw new LeaseLostError();
   };
+  // An answer a retry may change (5xx, 429, or one about the caller's credentials): the lease
+  // ends now, so the retry takes the key over at once and answers with what was recorded, or
+  // runs again if nothing was.
+  const endLease = () => db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2 AND lease_holder = $4',
+    [op.orgId, key, new Date(op.leaseNowMs ?? Date.now()), holder]);
+  // The answer stored under the key; when the database fails to store it (a dropped connection),
+  // the request answers 503 as any failure then does, and its lease ends if the database lets it:
+  // the retry it was told to make then answers from the record at once, not after the lease.
+  const answered = async (outcome: { status: number; body: unknown }) => {
+    try {
+      await finish(db, op.orgId, key, holder, outcome);
+    } catch (error) {
+      await endLease().catch(() => {});
+      throw error;
+    }
+  };
   let outcome: { status: number; body: unknown };
   try {
     outcome = claim.mode === 'recover' ? await op.recover!(claim.resourceId) : await work(mark);
   } catch (error) {
     if (error instanceof ServiceError && isKeptAnswer(error.status) && !(error instanceof LeaseLostError)) {
       outcome = { status: error.status, body: { error: { code: error.code, message: error.message, ...error.details } } };
-      await finish(db, op.orgId, key, holder, outcome);
+      await answered(outcome);
       // Recovered, it is the earlier request's answer (a payment it recorded blocked, say).
       if (claim.mode === 'recover') error.replayed = true;
       throw error;
     }
-    // An answer a retry may change (5xx, 429, or one about the caller's credentials): the lease
-    // ends now, so the retry takes the key over at once and answers with what was recorded, or
-    // runs again if nothing was.
-    await db.query('UPDATE idempotency_keys SET lease_until = $3 WHERE org_id = $1 AND key = $2 AND lease_holder = $4',
-      [op.orgId, key, new Date(op.leaseNowMs ?? Date.now()), holder]);
+    await endLease();
     throw error;
   }
-  await finish(db, op.orgId, key, holder, outcome);
+  await answered(outcome);
   // A recovered answer is an earlier request's work: this request made nothing.
   return { ...outcome, replayed: claim.mode === 'recover' };
 }
