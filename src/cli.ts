@@ -8,6 +8,7 @@ import { parseArgs } from 'node:util';
 import { ConfigError, loadConfig, type Config } from './config/config.ts';
 import { ValidatorLockedError } from './validator/state-file.ts';
 import { SchemaTooNewError } from './db/migrate.ts';
+import { postgresUnreachable } from './db/unreachable.ts';
 import type { ServiceClock } from './clock/service-clock.ts';
 import type { Database } from './db/database.ts';
 
@@ -313,14 +314,20 @@ export async function main(argv: string[]): Promise<number> {
 /** Errors of the machine around the service, not of the service: their message says all. */
 const OPERATIONAL_CODES = new Set([
   'EADDRINUSE', 'EADDRNOTAVAIL', 'EACCES', 'ECONNREFUSED', 'ECONNRESET', 'ENOTFOUND', 'EAI_AGAIN', 'ETIMEDOUT', 'EHOSTUNREACH',
-  'ENETUNREACH', '28P01', '3D000', '28000', '57P03',
+  'ENETUNREACH',
 ]);
 
 function operationalMessage(error: unknown): string | null {
   // By name: the embedded validator's thread hands its error back by name and message only.
-  if (error instanceof Error && (error.name === ValidatorLockedError.name || error.name === SchemaTooNewError.name)) return error.message;
+  // (ChainMismatchError of organizations.ts, ChainConnectError of chain/connect.ts: named, not
+  // imported, so that a command that needs neither loads neither.)
+  if (error instanceof Error && [ValidatorLockedError.name, SchemaTooNewError.name, 'ChainMismatchError', 'ChainConnectError'].includes(error.name)) {
+    return error.message;
+  }
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code === 'string' && OPERATIONAL_CODES.has(code)) return (error as Error).message;
+  // PostgreSQL down, refusing the login or not answering (node-postgres' connection timeout has no code).
+  if (error instanceof Error && postgresUnreachable(error)) return error.message;
   // node-postgres reports a refused connection to each of a host's addresses as one AggregateError.
   if (error instanceof AggregateError && error.errors.length > 0 && error.errors.every((inner) => operationalMessage(inner) !== null)) {
     return operationalMessage(error.errors[0]);

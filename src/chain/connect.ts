@@ -59,6 +59,14 @@ export function createHttpRpc(url: string): Rpc<SolanaRpcApi> {
   return createSolanaRpc(url, { dispatcher_NODE_ONLY: dispatcher }) as unknown as Rpc<SolanaRpcApi>;
 }
 
+/** The chain given cannot be used as configured: the operator's to fix (the CLI says it in one line). */
+export class ChainConnectError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ChainConnectError';
+  }
+}
+
 export async function connectChain(
   config: Config, clock: Clock, logger: ChainLogger, options: { callTimeoutMs?: number } = {},
 ): Promise<ChainConnection> {
@@ -114,12 +122,12 @@ export async function connectChain(
         // than taken for one.
         if (!isSolanaError(error)) {
           const cause = (error as { name?: unknown }).name === 'TimeoutError' ? `nothing within ${callTimeoutMs} ms` : describeCause(error);
-          throw new Error(`the chain at ${rpcForLogs(config.rpcUrl!)} (AGENT_VAULT_RPC_URL) did not answer: ${cause}`);
+          throw new ChainConnectError(`the chain at ${rpcForLogs(config.rpcUrl!)} (AGENT_VAULT_RPC_URL) did not answer: ${cause}`);
         }
       }
     }
     if (!programId || !usdcMint) {
-      throw new Error('AGENT_VAULT_PROGRAM_ID and AGENT_VAULT_USDC_MINT are required for this AGENT_VAULT_RPC_URL');
+      throw new ChainConnectError('AGENT_VAULT_PROGRAM_ID and AGENT_VAULT_USDC_MINT are required for this AGENT_VAULT_RPC_URL');
     }
     const chain = new ChainClient({
       rpc, programId: address(programId), usdcMint: address(usdcMint), operator, arbiter,

@@ -14,6 +14,7 @@ import underPressure from '@fastify/under-pressure';
 import { SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY, SOLANA_ERROR__RPC__TRANSPORT_HTTP_ERROR, isSolanaError } from '@solana/kit';
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox';
 import { ChainUnavailableError } from '../chain/client.ts';
+import { postgresUnreachable } from '../db/unreachable.ts';
 import { ERROR_CODES, ServiceError, invalidRequest, retryShortly, type ErrorCode } from '../errors/errors.ts';
 import { newId } from '../ids/ids.ts';
 import { authenticate, principalOf } from './auth.ts';
@@ -526,14 +527,6 @@ const NETWORK_ERROR_CODES = new Set([
   'ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'EHOSTUNREACH', 'ENETUNREACH', 'ENOTFOUND', 'EAI_AGAIN',
   'UND_ERR_SOCKET', 'UND_ERR_CLOSED', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT',
 ]);
-/**
- * PostgreSQL's: a connection failed or was refused (class 08, but not 08P01, a protocol violation,
- * which a statement with the wrong number of parameters raises), terminated by an administrator,
- * crash, starting up or shutting down, too many connections.
- */
-const POSTGRES_DOWN_CODES = new Set(['08000', '08001', '08003', '08004', '08006', '57P01', '57P02', '57P03', '53300']);
-/** node-postgres' own errors for a connection lost or never made. */
-const POSTGRES_CONNECTION_MESSAGE = /^(Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error)/;
 
 /**
  * Whether an error says that the database or the chain is down or unreachable (the error, or one
@@ -543,9 +536,9 @@ export function dependencyDown(error: unknown, depth = 0): boolean {
   if (!error || typeof error !== 'object' || depth > 4) return false;
   // The chain client's own: a call the chain did not answer in time.
   if (error instanceof ChainUnavailableError) return true;
-  const { code, message, name, cause } = error as { code?: unknown; message?: unknown; name?: unknown; cause?: unknown };
-  if (typeof code === 'string' && (NETWORK_ERROR_CODES.has(code) || POSTGRES_DOWN_CODES.has(code))) return true;
-  if (typeof message === 'string' && POSTGRES_CONNECTION_MESSAGE.test(message)) return true;
+  const { code, name, cause } = error as { code?: unknown; name?: unknown; cause?: unknown };
+  if (typeof code === 'string' && NETWORK_ERROR_CODES.has(code)) return true;
+  if (postgresUnreachable(error)) return true;
   // The embedded validator's thread stopped; an RPC node said it is unhealthy, or answered 5xx
   // or 429 (a 4xx is a request or a configuration it will refuse again: a bad key in the URL).
   if (name === 'ValidatorThreadError' || isSolanaError(error, SOLANA_ERROR__JSON_RPC__SERVER_ERROR_NODE_UNHEALTHY)) return true;

@@ -9,7 +9,7 @@ import { parsePageRequest } from '../http/pagination.ts';
 import type { AppContext } from '../http/context.ts';
 import { formatUsdc } from '../money/money.ts';
 import {
-  assertOrganizationName, createOrganization, findDefaultOrganization, getOrganization, listOrganizations,
+  assertOrganizationName, assertSameChain, createOrganization, findDefaultOrganization, getOrganization, listOrganizations,
   type OrganizationRow,
 } from './organizations.ts';
 
@@ -25,6 +25,10 @@ export async function createOrganizationCommand(
   ctx: Pick<AppContext, 'db' | 'clock' | 'chain'>, options: { name: string },
 ): Promise<string> {
   assertOrganizationName(options.name);
+  // On another chain (a command run without the service's AGENT_VAULT_RPC_URL starts an embedded
+  // one) the organisation would be set up where the service never looks, and marked ready.
+  const defaultOrganization = await findDefaultOrganization(ctx.db);
+  if (defaultOrganization) await assertSameChain(ctx, defaultOrganization);
   let shown: { orgId: string; key: string } | null = null;
   let created;
   try {

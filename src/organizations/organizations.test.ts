@@ -83,6 +83,29 @@ describe('creating an organisation', () => {
     assert.equal((await t.request('GET', '/v1/organization', { key })).status, 200);
   });
 
+  test('another operator key, or a chain without the default reserve: serve\'s start and org create refuse, saying why, nothing made', async () => {
+    const organizations = async () => (await t.service.ctx.db.query<{ n: number }>('SELECT count(*)::int AS n FROM organizations'))[0]!.n;
+    const before = await organizations();
+    await withAnotherKey(t.service.ctx.chain, async (theirs) => {
+      // The same chain, another process's key (another data dir's): every money move would fail.
+      const refusal = { name: 'ChainMismatchError', message: new RegExp(`answers to the operator key ${t.service.ctx.chain.operator.address}, not to this process's ${theirs.operator.address}`) };
+      await assert.rejects(bootstrapOrganizations({ ...t.service.ctx, chain: theirs }, null), refusal);
+      await assert.rejects(createOrganizationCommand({ ...t.service.ctx, chain: theirs }, { name: 'Signed elsewhere' }), refusal);
+    });
+    // A chain where the reserve is not (org create without the service's AGENT_VAULT_RPC_URL
+    // starts an embedded one): the organisation would be set up where the service never looks.
+    const elsewhere = new Proxy(t.service.ctx.chain, {
+      get(target, property) {
+        if (property === 'getAccountData') return async () => null;
+        const value = Reflect.get(target, property) as unknown;
+        return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+    await assert.rejects(createOrganizationCommand({ ...t.service.ctx, chain: elsewhere }, { name: 'Elsewhere' }),
+      { name: 'ChainMismatchError', message: /has no reserve .* on this chain/ });
+    assert.equal(await organizations(), before, 'nothing created');
+  });
+
   test('lamports sent to the reserve\'s address before its setup do not stop it', async () => {
     let shown: { orgId: string; key: string } | null = null;
     await assert.rejects(createOrganization({ ...t.service.ctx, chain: unfundedChain() }, {

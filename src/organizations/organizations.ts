@@ -186,18 +186,43 @@ async function assertOwnSetup(ctx: Pick<AppContext, 'chain'>, orgId: string): Pr
   }
 }
 
+/** The chain or the operator key is not the one the database was made with: the operator's to fix (the CLI says it in one line). */
+export class ChainMismatchError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ChainMismatchError';
+  }
+}
+
 /**
- * The default organisation's reserve, set up on chain, is there: otherwise the service runs
- * against another chain than its database was made with (a new data dir, with a new embedded
- * chain and operator key, beside an existing PostgreSQL), and every money move would fail.
+ * The default organisation's reserve, set up on chain, is there and answers to this process's
+ * operator key: otherwise the service runs against another chain than its database was made
+ * with (a new data dir, with a new embedded chain and operator key, beside an existing
+ * PostgreSQL), or signs with another key (another data dir's, pointed at the same chain), and
+ * every money move would fail. `serve` and `org create` check it before doing anything.
  */
-async function assertSameChain(
+export async function assertSameChain(
   ctx: Pick<AppContext, 'chain'>, org: { id: string; reserve_address: string; chain_status: string },
 ): Promise<void> {
-  if (org.chain_status !== 'ready' || await ctx.chain.getAccountData(address(org.reserve_address)) !== null) return;
-  throw new Error(`the default organisation ${org.id} of this database has no reserve (${org.reserve_address}) on this chain: `
-    + 'the chain, or the data dir that holds the embedded validator\'s state and the operator key, is not the one the database '
-    + 'was made with (a new AGENT_VAULT_DATA_DIR beside an existing DATABASE_URL?); start it with those');
+  if (org.chain_status !== 'ready') return;
+  const data = await ctx.chain.getAccountData(address(org.reserve_address));
+  if (data === null) {
+    throw new ChainMismatchError(`the default organisation ${org.id} of this database has no reserve (${org.reserve_address}) on this chain: `
+      + 'the chain, or the data dir that holds the embedded validator\'s state and the operator key, is not the one the database '
+      + 'was made with (a new AGENT_VAULT_DATA_DIR beside an existing DATABASE_URL, or no AGENT_VAULT_RPC_URL?); start it with those');
+  }
+  let authority: string;
+  try {
+    ({ authority } = decodeReserve(data));
+  } catch {
+    throw new ChainMismatchError(`the default organisation ${org.id}'s reserve address ${org.reserve_address} holds another account on this chain: `
+      + 'the chain is not the one the database was made with; start it with that one (AGENT_VAULT_RPC_URL)');
+  }
+  if (authority !== ctx.chain.operator.address) {
+    throw new ChainMismatchError(`the default organisation ${org.id}'s reserve answers to the operator key ${authority}, not to this `
+      + `process's ${ctx.chain.operator.address}, so every payment and funding would fail: start it with the operator key the `
+      + 'database was made with (AGENT_VAULT_OPERATOR_KEY, or the operator-key.json of the data dir it was made with)');
+  }
 }
 
 export async function getOrganization(db: Queryable, orgId: string): Promise<OrganizationRow | null> {

@@ -171,6 +171,28 @@ describe('agent-vault operator commands', () => {
     }
   });
 
+  test('a database or a chain that takes the connection and never answers: one line each, migrate exit 2, serve exit 1', async () => {
+    // Both time out (node-postgres' connection timeout has no error code; the chain's is our call
+    // timeout), 10 s each, run side by side.
+    const sockets: import('node:net').Socket[] = [];
+    const silent = createServer((socket) => { sockets.push(socket); });
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    try {
+      const port = (silent.address() as AddressInfo).port;
+      const [database, chain] = await Promise.all([
+        runCli(['migrate'], { ...env, DATABASE_URL: `postgres://postgres@127.0.0.1:${port}/nothing` }),
+        runCli(['serve'], { ...cliEnv(mkdtempSync(join(tmpdir(), 'av-cli-silent-')), null), AGENT_VAULT_RPC_URL: `http://127.0.0.1:${port}`, PORT: '0' }),
+      ]);
+      assertRefused(database, 'migrate', /connection timeout/);
+      assert.equal(chain.code, 1, JSON.stringify(chain));
+      assert.match(chain.stderr, /^agent-vault serve: the chain at http:\/\/127\.0\.0\.1:\d+ \(AGENT_VAULT_RPC_URL\) did not answer: nothing within 10000 ms\n$/,
+        JSON.stringify(chain));
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      await new Promise((resolve) => silent.close(resolve));
+    }
+  });
+
   test('migrate applies every migration once; run again, it changes nothing', async () => {
     const first = await cli('migrate');
     assert.equal(first.code, 0, first.stderr);
