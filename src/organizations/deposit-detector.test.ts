@@ -166,6 +166,18 @@ describe('deposit detection', () => {
   });
 
   // Guarantee: two detectors running at once index each deposit once.
+  it('a chain that does not answer fails the run once, not once per organisation, and leaves every claim free', async () => {
+    const refused = () => Promise.reject(Object.assign(new Error('fetch failed'), { cause: Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' }) }));
+    const rpc = new Proxy({}, { get: () => () => ({ send: refused }) });
+    const chain = new Proxy(ctx().chain, { get: (target, property) => (property === 'rpc' ? rpc : Reflect.get(target, property)) });
+    const warned: unknown[] = [];
+    const log = { warn: (...args: unknown[]) => { warned.push(args); }, info: () => {} } as unknown as TestService['service']['ctx']['log'];
+    await assert.rejects(detectDeposits({ ...ctx(), chain, log }), /fetch failed/);
+    assert.deepEqual(warned, [], 'no line per organisation: the job runner logs the run\'s failure');
+    // Every organisation's claim was given back: a run with the chain answering scans them all.
+    assert.ok((await detectDeposits(ctx())).organizations >= 2);
+  });
+
   it('indexes each deposit once with two detectors running at once', async () => {
     const { orgId, adminKey } = await t.createOrganization('Concurrent');
     for (const micro of ['1000000', '2000000', '3000000']) await mintToReserve(orgId, micro);

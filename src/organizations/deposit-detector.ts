@@ -17,6 +17,7 @@
  */
 import { address, type Address, type Signature, type TokenBalance } from '@solana/kit';
 import type { Database, Queryable } from '../db/database.ts';
+import { dependencyDown } from '../http/app.ts';
 import type { AppContext } from '../http/context.ts';
 import { recordConfirmedDeposit } from './deposits.ts';
 
@@ -74,16 +75,22 @@ export async function detectDeposits(ctx: DetectorContext, limits: DetectionLimi
   const deadlineMs = performance.now() + limits.runBudgetMs;
   const claimed = await claimOrganizations(ctx.db, ctx.clock.nowMs(), limits);
   let deposits = 0;
+  /** the chain or the database down: the other organisations would fail alike, so they wait for the next run */
+  let unavailable: unknown = null;
   for (const org of claimed) {
     try {
-      if (performance.now() < deadlineMs) deposits += await scanOrganization(ctx, org, limits, deadlineMs);
+      if (unavailable === null && performance.now() < deadlineMs) deposits += await scanOrganization(ctx, org, limits, deadlineMs);
     } catch (error) {
       if (error instanceof ClaimLostError) ctx.log.info({ orgId: org.id }, error.message);
+      else if (dependencyDown(error)) unavailable = error;
       else ctx.log.warn({ err: error, orgId: org.id }, 'deposit detection failed; retried at the next run');
     } finally {
       await releaseClaim(ctx.db, ctx.clock.nowMs(), org);
     }
   }
+  // Failed once for the run, not once per organisation: the job runner logs it, at most once a
+  // minute while the outage lasts (docs/operations.md).
+  if (unavailable !== null) throw unavailable;
   return { organizations: claimed.length, deposits };
 }
 
