@@ -4,6 +4,9 @@
  * or a payment's `to` fails the schema, yet answers `invalid_amount`, `invalid_currency` or
  * `invalid_recipient`, as a badly written value does, rather than `invalid_request`. The schema
  * names the code (`x-error-code`, an OpenAPI extension); app.ts reads it from the failing schema.
+ * Likewise a string with a pattern carries what the pattern asks for in words
+ * (`x-pattern-text`), which a refusal says instead of the expression. And one parser serves
+ * every amount field (`amountOf`).
  */
 import { Type, type TString } from 'typebox';
 import { ServiceError, type ErrorCode } from '../errors/errors.ts';
@@ -17,7 +20,9 @@ export const ERROR_CODE_KEYWORD = 'x-error-code';
 export const PATTERN_TEXT_KEYWORD = 'x-pattern-text';
 
 /** A string that must match `pattern`; refused, it is told `text` ("must …"). */
-export function patternString(pattern: string, text: string, options: { description?: string; minLength?: number; maxLength?: number } = {}): TString {
+export function patternString(
+  pattern: string, text: string, options: { description?: string; minLength?: number; maxLength?: number } = {},
+): TString {
   return Type.String({ ...options, pattern, [PATTERN_TEXT_KEYWORD]: text });
 }
 
