@@ -23,12 +23,14 @@ export interface Config {
   docsUrl: string;
   /** requests per minute per API key */
   rateLimitPerMinute: number;
-  /** vaults an organisation may have that are not archived (each is a chain account) */
+  /** vaults an organisation may have, archived ones included (each is a chain account, never closed) */
   walletsPerOrgMax: number;
   /** API keys an organisation may have that are not revoked (each has its own rate limit) */
   apiKeysPerOrgMax: number;
   /** policies an organisation may have that are not deleted (each is a chain account) */
   policiesPerOrgMax: number;
+  /** escrows an organisation may have whose chain accounts are open (each holds the operator key's rent) */
+  openEscrowsPerOrgMax: number;
   /** how long a client has to send a whole request, headers and body (over: 408, connection closed) */
   requestTimeoutSeconds: number;
   /** HTTP connections open at once; further ones are closed as they arrive */
@@ -155,6 +157,7 @@ export function loadConfig(env: Env = process.env): Config {
     walletsPerOrgMax: integer(env, 'AGENT_VAULT_WALLETS_PER_ORG_MAX', 10_000, 1, 10_000_000),
     apiKeysPerOrgMax: integer(env, 'AGENT_VAULT_API_KEYS_PER_ORG_MAX', 1_000, 1, 1_000_000),
     policiesPerOrgMax: integer(env, 'AGENT_VAULT_POLICIES_PER_ORG_MAX', 1_000, 1, 1_000_000),
+    openEscrowsPerOrgMax: integer(env, 'AGENT_VAULT_OPEN_ESCROWS_PER_ORG_MAX', 1_000, 1, 1_000_000),
     requestTimeoutSeconds: integer(env, 'AGENT_VAULT_REQUEST_TIMEOUT_SECONDS', 30, 1, 600),
     maxConnections: integer(env, 'AGENT_VAULT_MAX_CONNECTIONS', 10_000, 1, 1_000_000),
     maxEventLoopDelayMs: integer(env, 'AGENT_VAULT_MAX_EVENT_LOOP_DELAY_MS', 200, 0, 60_000),

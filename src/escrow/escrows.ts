@@ -23,6 +23,7 @@ import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, retryShortly } from '../errors/errors.ts';
 import { recordEvent, recordEvents, type EventType } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
+import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
@@ -317,6 +318,8 @@ export async function createEscrow(
     });
 
     const decided = await ctx.db.transaction(async (tx) => {
+      // The organisation first, as a funding or a wallet's creation locks it before its vaults.
+      await lockOrganization(tx, orgId);
       // Vaults in id order (lockEscrowVaults): a receiving vault ahead of the payer is locked
       // first, as the escrow's foreign key would lock it after.
       const receiverFirst = receiver.walletId !== null && receiver.walletId < input.fromWallet;
@@ -355,6 +358,13 @@ export async function createEscrow(
         return { escrowId: null, violation };
       }
       if (wallet.balance < input.amount) throw insufficientBalance(wallet, input.amount);
+      await assertBelowCount(tx, orgId, {
+        noun: 'escrows open on chain',
+        countSql: `SELECT count(*)::int AS n FROM escrows WHERE org_id = $1 AND chain_closed_at IS NULL AND status <> 'failed'`,
+        max: ctx.config.openEscrowsPerOrgMax,
+        advice: 'an escrow counts until it is settled and the escrows.close job has closed its accounts on chain (docs/escrow.md); '
+          + 'or ask the operator (AGENT_VAULT_OPEN_ESCROWS_PER_ORG_MAX).',
+      });
       const now = new Date(recordedMs);
       await tx.query(
         `INSERT INTO escrows (id, org_id, from_wallet_id, to_wallet, receiver_address, to_wallet_id, receiver_org_id, amount,

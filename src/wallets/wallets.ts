@@ -312,10 +312,14 @@ export async function createWallet(ctx: Ctx, orgId: string, input: CreateWalletI
     await assertPolicyUsable(tx, orgId, input.policyId, ctx.clock);
     const known = await tx.query('SELECT 1 FROM wallets WHERE org_id = $1 AND agent_id = $2', [orgId, input.agentId]);
     if (known.length === 0) {
+      // Archived ones count: a vault's accounts on chain stay open (the program has no instruction
+      // to close them), and their rent with them; archiving to make room would let a loop of
+      // creations and archives spend the operator key's SOL without a bound.
       await assertBelowCount(tx, orgId, {
-        noun: 'vaults not archived', countSql: `SELECT count(*)::int AS n FROM wallets WHERE org_id = $1 AND status <> 'archived'`,
+        noun: 'vaults (archived ones count: their chain accounts stay open)',
+        countSql: 'SELECT count(*)::int AS n FROM wallets WHERE org_id = $1',
         max: ctx.config.walletsPerOrgMax,
-        advice: 'archive vaults no longer used (their balance must be zero), or ask the operator (AGENT_VAULT_WALLETS_PER_ORG_MAX).',
+        advice: 'ask the operator to raise it (AGENT_VAULT_WALLETS_PER_ORG_MAX).',
       });
     }
     const creatingUntil = new Date(nowMs + CREATING_HOLD_MS);
