@@ -177,8 +177,11 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       throw invalidRequest('host', 'The request has no Host header, which HTTP/1.1 requires.');
     }
     // Node keeps the first of two and drops the rest; a proxy in front may have read another
-    // (RFC 9112 §3.2: 400).
-    if (headerCount(request.raw.rawHeaders, 'host') > 1) throw invalidRequest('host', 'The request has more than one Host header.');
+    // (RFC 9112 §3.2: 400). The same for the credentials: a proxy or a log that reads the last
+    // Authorization would disagree with the key this request is judged by.
+    for (const [name, shown] of [['host', 'Host'], ['authorization', 'Authorization']] as const) {
+      if (headerCount(request.raw.rawHeaders, name) > 1) throw invalidRequest(name, `The request has more than one ${shown} header.`);
+    }
     // No body at all, with a JSON content type (a client sending the header on every call): no
     // body, as without the header, rather than "not valid JSON". A body that is sent must parse.
     if (headers['transfer-encoding'] === undefined && (headers['content-length'] === undefined || headers['content-length'] === '0')) {

@@ -93,7 +93,7 @@ describe('HTTP connections', () => {
     }
   });
 
-  test('an HTTP/1.1 request without a Host header, or with two, is answered 400 in the API\'s shape', async () => {
+  test('an HTTP/1.1 request without a Host header, or with two Host or Authorization headers, is answered 400 in the API\'s shape', async () => {
     const answer = await exchange(port, `GET /v1/organization HTTP/1.1\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
     assert.equal(answer.status, 400, JSON.stringify(answer));
     assert.deepEqual([answer.body.error.code, answer.body.error.param], ['invalid_request', 'host']);
@@ -105,6 +105,11 @@ describe('HTTP connections', () => {
       `GET /v1/organization HTTP/1.1\r\nHost: localhost\r\nHOST: elsewhere.example\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nConnection: close\r\n\r\n`);
     assert.equal(twice.status, 400, JSON.stringify(twice));
     assert.deepEqual([twice.body.error.param, twice.body.error.message], ['host', 'The request has more than one Host header.']);
+    // Two keys: refused, whichever a proxy in front would have read.
+    const twoKeys = await exchange(port,
+      `GET /v1/organization HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${ADMIN_KEY}\r\nauthorization: Bearer av_other\r\nConnection: close\r\n\r\n`);
+    assert.equal(twoKeys.status, 400, JSON.stringify(twoKeys));
+    assert.deepEqual([twoKeys.body.error.param, twoKeys.body.error.message], ['authorization', 'The request has more than one Authorization header.']);
   });
 
   test('headers over 16 KiB are answered 431 in the API\'s shape', async () => {
