@@ -242,7 +242,7 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     // once the request has come that far.
     const found = unstorableText(request.params, '') ?? unstorableText(request.query, '') ?? unstorableText(request.body, '');
     if (found !== null) {
-      const param = found.path || 'body';
+      const param = shownPath(found.path || 'body');
       throw invalidRequest(param, `"${param}" contains ${found.what}, which is not allowed.`);
     }
   });
@@ -443,7 +443,7 @@ function toServiceError(error: FastifyError | ServiceError, bodyLimitBytes: numb
     const within = (field: string | undefined) => (field === undefined || !path ? field : `${path}.${field}`);
     const extra = within(first.params.additionalProperty as string | undefined);
     const missing = within(first.params.missingProperty as string | undefined);
-    const param = extra ?? missing ?? (path || fastifyError.validationContext || 'body');
+    const param = shownPath(extra ?? missing ?? (path || fastifyError.validationContext || 'body'));
     const message = extra ? `Unknown field "${param}".`
       : missing ? `Missing required field "${param}".`
         : first.keyword === 'minProperties' && !path ? 'The body has no field: send at least one field to change.'
@@ -583,6 +583,12 @@ function unstorableText(value: unknown, path: string): { path: string; what: str
 const CHARSET = /;\s*charset\s*=\s*"?([^";\s]+)"?/i;
 /** Refuses bytes that are not UTF-8; leaves a byte order mark in (the JSON parser skips it). */
 const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+/** A field's path as an error names it, shortened in its middle past 120 characters (arrays nested thousands deep). */
+const SHOWN_PATH_MAX = 120;
+function shownPath(path: string): string {
+  return path.length <= SHOWN_PATH_MAX ? path : `${path.slice(0, 60)}…${path.slice(-59)}`;
+}
+
 /** How many times a header is given (rawHeaders alternates names and values). */
 function headerCount(rawHeaders: readonly string[], name: string): number {
   let count = 0;

@@ -79,6 +79,13 @@ describe('HTTP foundation', () => {
       assert.equal(response.body.error.code, 'invalid_request');
       assert.equal(response.body.error.param, param, path);
     }
+    // Deep in arrays nested 1,000 deep: the path named is cut in its middle, not 2 KB long twice.
+    let deep: unknown = 'a\u0000';
+    for (let i = 0; i < 1_000; i += 1) deep = [deep];
+    const nested = await t.request('POST', '/v1/recipients', { body: { domain: 'deep.example', address: 'x', label: deep } });
+    assert.equal(nested.status, 400, JSON.stringify(nested.body).slice(0, 500));
+    assert.match(nested.body.error.param, /^label\.0\.0\.0.*….*\.0\.0$/);
+    assert.ok(nested.body.error.param.length <= 120 && JSON.stringify(nested.body).length < 1_000, JSON.stringify(nested.body).length.toString());
   });
 
   test('an unpaired UTF-16 surrogate (which jsonb refuses) is 400 naming where; a pair (an emoji) is stored', async () => {
