@@ -295,6 +295,11 @@ describe('fetchGuarded against a local server', () => {
   test('a body over maxBytes is too_large, declared or streamed; exactly maxBytes is fine', async () => {
     assert.equal(await failure(fetchGuarded(`${base}/big-declared`, allowed)), 'too_large');
     assert.equal(await failure(fetchGuarded(`${base}/big-chunked`, allowed)), 'too_large');
+    // The answer came: its status is told with the failure (a webhook's delivery log shows it).
+    for (const path of ['/big-declared', '/big-chunked']) {
+      await assert.rejects(fetchGuarded(`${base}${path}`, allowed), (error: OutboundError) => error.statusCode === 200);
+    }
+    await assert.rejects(fetchGuarded(`${base}/hang`, { ...allowed, timeoutMs: 100 }), (error: OutboundError) => error.statusCode === null);
     assert.equal((await fetchGuarded(`${base}/exact`, allowed)).body.length, 1000);
   });
 

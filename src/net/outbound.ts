@@ -200,7 +200,8 @@ export type OutboundFailure = 'bad_url' | 'refused_address' | 'timeout' | 'too_l
  * does not become an oracle for its own network's DNS.
  */
 export class OutboundError extends Error {
-  constructor(readonly reason: OutboundFailure, message: string) {
+  /** `statusCode`: the status the endpoint answered with, when an answer came (a body too large) */
+  constructor(readonly reason: OutboundFailure, message: string, readonly statusCode: number | null = null) {
     super(message);
     this.name = 'OutboundError';
   }
@@ -521,14 +522,14 @@ function readAnswer(
     body.on('error', () => fail(timedOut() ? timeoutError(timeoutMs) : new OutboundError('network', 'the connection broke while reading the response')));
     const declared = Number(headers['content-length']);
     if (Number.isFinite(declared) && declared > maxBytes) {
-      fail(new OutboundError('too_large', `the response body (${declared} bytes) is larger than ${maxBytes} bytes`));
+      fail(new OutboundError('too_large', `the response body (${declared} bytes) is larger than ${maxBytes} bytes`, statusCode));
       return;
     }
     const chunks: Buffer[] = [];
     let size = 0;
     body.on('data', (chunk: Buffer) => {
       size += chunk.length;
-      if (size > maxBytes) fail(new OutboundError('too_large', `the response body is larger than ${maxBytes} bytes`));
+      if (size > maxBytes) fail(new OutboundError('too_large', `the response body is larger than ${maxBytes} bytes`, statusCode));
       else chunks.push(chunk);
     });
     body.on('end', () => {

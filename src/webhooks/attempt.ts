@@ -100,7 +100,9 @@ export async function sendAttempt(request: AttemptRequest, target: (url: string)
     return { succeeded, statusCode: response.status, latencyMs: response.latencyMs, error, responseExcerpt: excerptOf(response.body) };
   } catch (error) {
     const message = error instanceof OutboundError ? `${error.message}.` : 'The request could not be made.';
-    return { succeeded: false, statusCode: null, latencyMs: Math.round(performance.now() - startedMs), error: message, responseExcerpt: null };
+    // An answer whose body was too large came: its status is kept (the attempt failed all the same).
+    const statusCode = error instanceof OutboundError ? error.statusCode : null;
+    return { succeeded: false, statusCode, latencyMs: Math.round(performance.now() - startedMs), error: message, responseExcerpt: null };
   }
 }
 

@@ -243,7 +243,8 @@ describe('webhook deliveries', () => {
       for (const delivery of await deliveries(key, webhookId)) assert.equal(delivery.status, 'delivered', delivery.event_id);
       const [redone] = await deliveries(key, webhookId, `&eventId=${first}`);
       const sixth = redone!.attempts.at(-1)!;
-      assert.equal(Date.parse(sixth.next_attempt_at!) - Date.parse(sixth.attempted_at), RETRY_DELAYS_MS[0], 'the new run starts its schedule over');
+      assert.deepEqual([sixth.attempt, sixth.outcome, sixth.next_attempt_at], [6, 'succeeded', null],
+        'a retry that succeeded has nothing scheduled after it, as a first attempt that succeeded has not');
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
@@ -592,6 +593,7 @@ describe('webhook deliveries', () => {
     assert.deepEqual(delivered!.attempts.map((a) => a.outcome), ['lost', 'succeeded']);
     assert.match(delivered!.attempts[0]!.error!, /stopped/);
     assert.equal(Date.parse(delivered!.attempts[0]!.next_attempt_at!) - Date.parse(delivered!.attempts[0]!.attempted_at), RETRY_DELAYS_MS[0]);
+    assert.equal(delivered!.attempts[1]!.next_attempt_at, null, 'the attempt that succeeded has nothing after it');
     await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
   });
 
@@ -704,6 +706,20 @@ describe('webhook deliveries', () => {
       assert.equal((await t.request('GET', `/v1/webhooks/${webhookId}`, { key })).body.status, 'active', 'still active: a new run has begun');
       const logged = await deliveries(key, webhookId);
       assert.deepEqual(logged.map((d) => d.status), ['pending', 'pending'], 'both on their new run');
+    } finally {
+      receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
+      await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });
+    }
+  });
+
+  test('an answer whose body is over 256 KiB fails the attempt, logged with the status that came', async () => {
+    const { key, webhookId } = await setUp('/chatty', ['policy.created']);
+    receiver.reply = () => ({ status: 200, body: 'x'.repeat(300 * 1024) });
+    try {
+      const ping = await t.request('POST', `/v1/webhooks/${webhookId}/test`, { key });
+      assert.equal(ping.status, 200, JSON.stringify(ping.body));
+      assert.deepEqual([ping.body.success, ping.body.status_code], [false, 200], JSON.stringify(ping.body));
+      assert.match(ping.body.error, /larger than 262144 bytes/);
     } finally {
       receiver.reply = (request) => (request.signatureValid ? { status: 200 } : { status: 401 });
       await t.request('DELETE', `/v1/webhooks/${webhookId}`, { key });

@@ -321,7 +321,7 @@ export async function recordSuccesses(
        FROM r WHERE d.id = r.delivery_id AND d.status IN ('pending', 'paused')
      )
      UPDATE webhook_attempts a SET outcome = 'succeeded', finished_at = r.finished_at, status_code = r.status_code, latency_ms = r.latency_ms,
-       error = NULL, response_excerpt = r.excerpt
+       error = NULL, response_excerpt = r.excerpt, next_attempt_at = NULL
      FROM r WHERE a.delivery_id = r.delivery_id AND a.attempt = r.attempt`,
     [done.map((d) => d.claim.deliveryId), done.map((d) => d.claim.attempt), done.map((d) => d.result.statusCode),
       done.map((d) => d.result.latencyMs), done.map((d) => d.result.responseExcerpt), done.map((d) => d.finishedAt)]);
