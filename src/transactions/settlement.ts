@@ -171,7 +171,11 @@ async function creditReserve(tx: Queryable, orgId: string, amount: bigint): Prom
 export async function recordTransactionFailed(tx: Queryable, nowMs: number, row: TransactionRow, what: string): Promise<void> {
   await recordEvent(tx, nowMs, {
     orgId: row.org_id, type: 'transaction.failed', walletId: row.wallet_id,
-    summary: `${what} failed on chain (${row.failure_reason}); its amount is back`,
+    // Expired: it never landed (the chain did not run it before its blockhash expired), which
+    // "failed on chain" would misstate.
+    summary: row.failure_reason === EXPIRED
+      ? `${what} failed: it never landed on chain before its blockhash expired (Expired); its amount is back`
+      : `${what} failed on chain (${row.failure_reason}); its amount is back`,
     payload: {
       wallet_id: row.wallet_id, tx_id: row.id, type: row.type, tx_signature: row.tx_signature, amount: formatUsdc(row.amount),
       recipient: row.recipient, reason: row.failure_reason, ...(row.escrow_id ? { escrow_id: row.escrow_id } : {}),

@@ -530,6 +530,8 @@ describe('crash recovery', () => {
     const failed = (await t.request('GET', `/v1/events?type=transaction.failed&walletId=${wallet.wallet_id}`)).body.data;
     assert.deepEqual(failed.map((e: { details: Record<string, unknown> }) => [e.details.tx_id, e.details.type, e.details.amount, e.details.reason]),
       [[recorded.id, 'funding', '1.00', 'Expired']]);
+    assert.match(failed[0].summary, /failed: it never landed on chain before its blockhash expired \(Expired\); its amount is back$/,
+      'it never reached the chain: not "failed on chain"');
     // The retry learns how it ended: failed (expired unsent), its amount back in the reserve.
     for (let i = 0; i < 2; i += 1) {
       const retried = await t.request('POST', `/v1/wallets/${wallet.wallet_id}/fund`, { body: { amount: '1' }, headers: { 'idempotency-key': key } });
