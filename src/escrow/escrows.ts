@@ -23,10 +23,10 @@ import type { Database, Queryable } from '../db/database.ts';
 import { ServiceError, retryShortly } from '../errors/errors.ts';
 import { recordEvent, recordEvents, type EventType } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
-import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import type { RecordMarker } from '../http/idempotency.ts';
 import { newId } from '../ids/ids.ts';
 import { formatUsdc } from '../money/money.ts';
+import { assertBelowCount, lockOrganization } from '../organizations/limits.ts';
 import {
   attestationHashOf, commitSpend, insufficientBalance, recordBlocked, rulesFor, vaultRefusal,
 } from '../payments/payments.ts';

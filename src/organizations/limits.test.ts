@@ -1,9 +1,10 @@
 /**
- * How many vaults, API keys and policies an organisation may have (AGENT_VAULT_WALLETS_PER_ORG_MAX,
- * AGENT_VAULT_API_KEYS_PER_ORG_MAX, AGENT_VAULT_POLICIES_PER_ORG_MAX; here 3 of each): the next
- * creation is refused and creates nothing; archiving, revoking, or deleting a policy and its
- * account on chain being closed, makes room; creations side by side never go over; another
- * organisation has its own count.
+ * How many vaults, API keys, policies and open escrows an organisation may have
+ * (AGENT_VAULT_WALLETS_PER_ORG_MAX, AGENT_VAULT_API_KEYS_PER_ORG_MAX, AGENT_VAULT_POLICIES_PER_ORG_MAX,
+ * AGENT_VAULT_OPEN_ESCROWS_PER_ORG_MAX; here 3 of each): the next creation is refused and creates
+ * nothing; revoking a key, or a policy's or a settled escrow's accounts on chain being closed,
+ * makes room, archiving a vault does not (its accounts stay open); creations side by side never go
+ * over; another organisation has its own count.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
