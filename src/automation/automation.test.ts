@@ -238,6 +238,9 @@ describe('events, wallet states and automation', () => {
     assert.equal(await balanceOf(t, wallet.wallet_id), '14.00', '4.00 + one topup of 10.00');
     const funded = await eventsOf('wallet.funded', wallet.wallet_id);
     assert.deepEqual(funded.map((e) => e.details.source), ['auto_topup', 'reserve']);
+    assert.deepEqual(funded.map((e) => e.summary), [
+      'Wallet Agent topped up automatically with 10.00 USDC from the reserve (auto-topup)', 'Wallet Agent funded with 10.00 USDC from the reserve',
+    ], 'an auto-topup is told apart from a funding in the feed too');
 
     const reserve = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
     const hungry = await fundedWallet(t, '6');
@@ -249,7 +252,7 @@ describe('events, wallet states and automation', () => {
     assert.equal(low[0]!.details.reason, 'auto_topup_reserve_insufficient');
     assert.equal(low[0]!.details.current_balance, '4.00');
     assert.equal(low[0]!.summary,
-      `Auto-topup of 100000.00 USDC not funded: the reserve holds ${low[0]!.details.org_balance} USDC (wallet balance 4.00 USDC, below 5.00 USDC)`,
+      `Auto-topup of 100000.00 USDC for wallet Agent not funded: the reserve holds ${low[0]!.details.org_balance} USDC (wallet balance 4.00 USDC, below 5.00 USDC)`,
       'told apart from the vault\'s own low-balance warning');
     assert.equal(await balanceOf(t, hungry.wallet_id), '4.00');
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, reserve, 'the reserve was not touched');
@@ -377,6 +380,7 @@ describe('events, wallet states and automation', () => {
     await t.service.jobs.runOnce();
     const told = await eventsOf('balance.low', wallet.wallet_id);
     assert.deepEqual(told.map((e) => [e.details.current_balance, e.details.threshold]), [['3.00', '5.00']]);
+    assert.deepEqual(told.map((e) => e.summary), ['Wallet Agent\'s balance 3.00 USDC is below 5.00 USDC']);
     await t.service.jobs.runOnce();
     assert.equal((await eventsOf('balance.low', wallet.wallet_id)).length, 1, 'told once');
     // Not latched by that telling: the balance was back, so the next fall is told too.
@@ -1059,16 +1063,18 @@ describe('events, wallet states and automation', () => {
     await t.service.jobs.runOnce();
     await pay(wallet.wallet_id, '1');
     await t.service.jobs.runOnce();
-    assert.equal((await alertsOf('velocity_spike')).length, 1, 'once in the hour');
+    assert.deepEqual((await alertsOf('velocity_spike')).map((e) => e.summary), ['Wallet Agent made 3 payments within an hour (alert above 2)'],
+      'once in the hour, naming the vault by its label');
     const blocked = await pay(wallet.wallet_id, '9');
     assert.equal(blocked.status, 402);
     const violations = await alertsOf('policy_violation');
     assert.equal(violations.length, 1);
     assert.equal(violations[0]!.severity, 'warning');
+    assert.equal(violations[0]!.summary, 'Policy violation (max_per_tx) on wallet Agent');
     await advance(3 * 3600);
     await t.service.jobs.runOnce();
     await t.service.jobs.runOnce();
-    assert.equal((await alertsOf('inactivity')).length, 1, 'once per inactivity');
+    assert.deepEqual((await alertsOf('inactivity')).map((e) => e.summary), ['Wallet Agent inactive for more than 2 h'], 'once per inactivity');
     await t.request('PUT', '/v1/alerts', { body: { policyViolation: false, inactivityHours: null, velocityPerHour: null, largeTransactionAbove: null } });
     await pay(wallet.wallet_id, '9');
     assert.equal((await alertsOf('policy_violation')).length, 1, 'off: no alert');

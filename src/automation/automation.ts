@@ -76,8 +76,8 @@ export async function expirePolicies(ctx: Ctx): Promise<number> {
 // Auto-topup and balance.low
 
 function lowBalanceEvent(
-  orgId: string, walletId: string, balance: bigint, threshold: bigint, extra: Record<string, unknown> = {},
-  summary = `Wallet balance ${formatUsdc(balance)} USDC is below ${formatUsdc(threshold)} USDC`,
+  orgId: string, walletId: string, label: string, balance: bigint, threshold: bigint, extra: Record<string, unknown> = {},
+  summary = `Wallet ${label}'s balance ${formatUsdc(balance)} USDC is below ${formatUsdc(threshold)} USDC`,
 ): NewEvent {
   return {
     orgId, type: 'balance.low', walletId, summary,
@@ -127,7 +127,7 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
   // run (the crossing noted by migration 0033's trigger) is told with the balance the fall left,
   // and not latched: its balance is back, and its next fall is told again.
   const lows = await ctx.db.transaction(async (tx) => {
-    const latched = await tx.query<{ id: string; org_id: string; balance: bigint; low_balance_threshold: bigint }>(
+    const latched = await tx.query<{ id: string; org_id: string; label: string; balance: bigint; low_balance_threshold: bigint }>(
       `WITH due AS (
          SELECT id, low_balance_crossed_balance AS crossed FROM wallets
          WHERE automation_due AND ${LOW_BALANCE_DUE}
@@ -135,11 +135,11 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
        UPDATE wallets w SET low_balance_fired_at = CASE WHEN w.balance < w.low_balance_threshold THEN $1::timestamptz END,
          low_balance_crossed_balance = NULL
        FROM due WHERE w.id = due.id
-       RETURNING w.id, w.org_id, CASE WHEN w.balance < w.low_balance_threshold THEN w.balance ELSE due.crossed END AS balance,
+       RETURNING w.id, w.org_id, w.label, CASE WHEN w.balance < w.low_balance_threshold THEN w.balance ELSE due.crossed END AS balance,
          w.low_balance_threshold`, [now]);
     // One statement for all their events: the vaults' locks are held no longer than that.
     await recordEvents(tx, now.getTime(),
-      latched.map((wallet) => lowBalanceEvent(wallet.org_id, wallet.id, wallet.balance, wallet.low_balance_threshold)));
+      latched.map((wallet) => lowBalanceEvent(wallet.org_id, wallet.id, wallet.label, wallet.balance, wallet.low_balance_threshold)));
     return latched;
   });
 
@@ -166,12 +166,12 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
    * latch held for a shortfall (the reserve now covers it); a shortfall only a free one, so that
    * a vault still short is told once.
    */
-  const takeLatch = async (tx: Queryable, wallet: (typeof due)[number], reserveShort: boolean) => (await tx.query<{ balance: bigint; auto_topup_trigger_below: bigint }>(
+  const takeLatch = async (tx: Queryable, wallet: (typeof due)[number], reserveShort: boolean) => (await tx.query<{ label: string; balance: bigint; auto_topup_trigger_below: bigint }>(
     `UPDATE wallets SET topup_fired_at = $2, topup_reserve_short_at = CASE WHEN $3::boolean THEN $2::timestamptz END
      WHERE id = $1 AND auto_topup_enabled AND balance < auto_topup_trigger_below AND auto_topup_amount = $4
        AND status = 'active' AND provisioned_at IS NOT NULL
        AND (topup_fired_at IS NULL OR (NOT $3::boolean AND topup_reserve_short_at IS NOT NULL))
-     RETURNING balance, auto_topup_trigger_below`, [wallet.id, now, reserveShort, wallet.auto_topup_amount]))[0];
+     RETURNING label, balance, auto_topup_trigger_below`, [wallet.id, now, reserveShort, wallet.auto_topup_amount]))[0];
   for (const wallet of due) {
     /** Whether the latch was taken in the funding's transaction (which then commits, but for a failure of the commit itself). */
     let latched = false;
@@ -209,9 +209,9 @@ export async function runWalletAutomation(ctx: Ctx): Promise<{ topups: number; l
           if (!latched) return;
           // Told apart from the vault's own low-balance warning: the operator has to fund the reserve.
           const topup = formatUsdc(wallet.auto_topup_amount);
-          await recordEvent(tx, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, latched.balance, latched.auto_topup_trigger_below, {
+          await recordEvent(tx, ctx.clock.nowMs(), lowBalanceEvent(wallet.org_id, wallet.id, latched.label, latched.balance, latched.auto_topup_trigger_below, {
             reason: 'auto_topup_reserve_insufficient', topup_amount: topup, org_balance: error.details.available,
-          }, `Auto-topup of ${topup} USDC not funded: the reserve holds ${String(error.details.available)} USDC `
+          }, `Auto-topup of ${topup} USDC for wallet ${latched.label} not funded: the reserve holds ${String(error.details.available)} USDC `
             + `(wallet balance ${formatUsdc(latched.balance)} USDC, below ${formatUsdc(latched.auto_topup_trigger_below)} USDC)`));
         }).catch((failure: unknown) => ctx.log.warn({ err: failure, walletId: wallet.id }, 'auto-topup refusal not written; retried at the next tick'));
         continue;
@@ -281,10 +281,10 @@ async function raiseAlert(
 
 /** Called where a payment is blocked, in its transaction: the policy-violation alert (on by default). */
 export async function alertPolicyViolation(
-  q: Queryable, nowMs: number, orgId: string, walletId: string, txId: string, violation: { rule: string },
+  q: Queryable, nowMs: number, wallet: { id: string; org_id: string; label: string }, txId: string, violation: { rule: string },
 ): Promise<void> {
-  if (!(await alertSettingsOf(q, orgId)).policyViolation) return;
-  await raiseAlert(q, nowMs, orgId, walletId, 'policy_violation', `Policy violation (${violation.rule}) on wallet ${walletId}`,
+  if (!(await alertSettingsOf(q, wallet.org_id)).policyViolation) return;
+  await raiseAlert(q, nowMs, wallet.org_id, wallet.id, 'policy_violation', `Policy violation (${violation.rule}) on wallet ${wallet.label}`,
     { tx_id: txId, violation });
 }
 
@@ -318,7 +318,7 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
   const now = new Date(nowMs);
   // Each latch is set in the transaction that writes its alert (the outbox): both or neither.
   let raised = await ctx.db.transaction(async (tx) => {
-    const inactive = await tx.query<{ id: string; org_id: string; since: Date; hours: number }>(
+    const inactive = await tx.query<{ id: string; org_id: string; label: string; since: Date; hours: number }>(
       `UPDATE wallets w SET inactivity_alerted_at = $1 FROM alert_settings a
        WHERE a.org_id = w.org_id AND w.id IN (
          SELECT w2.id FROM wallets w2 JOIN alert_settings a2 ON a2.org_id = w2.org_id
@@ -326,10 +326,10 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
            AND COALESCE(w2.last_transaction_at, w2.created_at) <= $1::timestamptz - make_interval(hours => a2.inactivity_hours)
            AND (w2.inactivity_alerted_at IS NULL OR w2.inactivity_alerted_at < COALESCE(w2.last_transaction_at, w2.created_at))
          LIMIT ${BATCH} FOR UPDATE OF w2 SKIP LOCKED)
-       RETURNING w.id, w.org_id, COALESCE(w.last_transaction_at, w.created_at) AS since, a.inactivity_hours AS hours`, [now]);
+       RETURNING w.id, w.org_id, w.label, COALESCE(w.last_transaction_at, w.created_at) AS since, a.inactivity_hours AS hours`, [now]);
     for (const wallet of inactive) {
       await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'inactivity',
-        `Wallet ${wallet.id} inactive for more than ${wallet.hours} h`, { inactive_since: wallet.since.toISOString(), hours: wallet.hours });
+        `Wallet ${wallet.label} inactive for more than ${wallet.hours} h`, { inactive_since: wallet.since.toISOString(), hours: wallet.hours });
     }
     return inactive.length;
   });
@@ -339,8 +339,8 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
   // once spiked and went quiet never fill the batch ahead of one spiking now. The most recent
   // payers come first. An archived vault is left out (it can pay no more); a frozen one is not:
   // its spike happened.
-  const candidates = await ctx.db.query<{ id: string; org_id: string; per_hour: number }>(
-    `SELECT w.id, w.org_id, a.velocity_per_hour AS per_hour FROM wallets w
+  const candidates = await ctx.db.query<{ id: string; org_id: string; label: string; per_hour: number }>(
+    `SELECT w.id, w.org_id, w.label, a.velocity_per_hour AS per_hour FROM wallets w
      JOIN alert_settings a ON a.org_id = w.org_id JOIN spend_windows s ON s.wallet_id = w.id
      WHERE a.velocity_per_hour IS NOT NULL AND s.hour_count > a.velocity_per_hour AND w.status <> 'archived'
        AND w.last_transaction_at > $1::timestamptz - INTERVAL '1 hour'
@@ -371,7 +371,7 @@ export async function scanAlerts(ctx: Ctx): Promise<number> {
            AND (velocity_alerted_at IS NULL OR velocity_alerted_at <= $2::timestamptz - INTERVAL '1 hour') RETURNING id`, [wallet.id, now]);
       if (!claimed.length) return 0;
       await raiseAlert(tx, nowMs, wallet.org_id, wallet.id, 'velocity_spike',
-        `Wallet ${wallet.id} made ${count} payments within an hour (alert above ${perHour})`, { count, per_hour: perHour });
+        `Wallet ${wallet.label} made ${count} payments within an hour (alert above ${perHour})`, { count, per_hour: perHour });
       return 1;
     });
   }

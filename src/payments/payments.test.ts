@@ -440,6 +440,10 @@ describe('payments', () => {
     assert.equal(rejected.body.approval.status, 'rejected');
     assert.equal(rejected.body.violation.rule, 'require_co_sign');
     assert.equal(await balanceOf(t, wallet.wallet_id), '13.00');
+    const blockedSummary = async (txId: string) => (await t.request('GET', `/v1/events?type=transaction.blocked&walletId=${wallet.wallet_id}`))
+      .body.data.find((event: { details: { tx_id: string } }) => event.details.tx_id === txId)?.summary;
+    assert.equal(await blockedSummary(refused.body.tx_id), `Payment of 5.00 USDC to ${to} rejected by a co-signer; nothing was sent`,
+      'the feed says it was rejected, not that a rule blocked it');
 
     const late = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '4', currency: 'USDC' } });
     const forgotten = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to, amount: '6', currency: 'USDC' } });
@@ -454,6 +458,7 @@ describe('payments', () => {
     const expired = await t.request('GET', `/v1/transactions/${forgotten.body.tx_id}`);
     assert.equal(expired.body.status, 'blocked');
     assert.equal(expired.body.approval.status, 'expired');
+    assert.equal(await blockedSummary(forgotten.body.tx_id), `Payment of 6.00 USDC to ${to} not co-signed before its approval expired; nothing was sent`);
     await assertVaultConsistent(t, wallet.wallet_id, 20_000_000n);
   });
 

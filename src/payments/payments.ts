@@ -143,16 +143,24 @@ export async function recordBlocked(
   });
   await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
   await writeBlockedEvent(tx, nowMs, wallet, row.id, input.amount, input.to, violation);
-  await alertPolicyViolation(tx, nowMs, wallet.org_id, wallet.id, row.id, violation);
+  await alertPolicyViolation(tx, nowMs, wallet, row.id, violation);
   return { ...row, policy_triggered: true, violation };
 }
 
+/**
+ * `transaction.blocked`. Its summary says why: the rule that failed, or, for a payment that
+ * waited for its co-signature (`coSign`), that it was rejected or not co-signed in time.
+ */
 async function writeBlockedEvent(
   tx: Queryable, nowMs: number, wallet: Pick<WalletRow, 'id' | 'org_id' | 'policy_id'>, txId: string, amount: bigint, recipient: string, violation: Violation,
+  coSign?: 'rejected' | 'expired',
 ): Promise<void> {
+  const payment = `Payment of ${formatUsdc(amount)} USDC to ${recipient}`;
   await recordEvent(tx, nowMs, {
     orgId: wallet.org_id, type: 'transaction.blocked', walletId: wallet.id,
-    summary: `Payment of ${formatUsdc(amount)} USDC to ${recipient} blocked by ${violation.rule}`,
+    summary: coSign === 'rejected' ? `${payment} rejected by a co-signer; nothing was sent`
+      : coSign === 'expired' ? `${payment} not co-signed before its approval expired; nothing was sent`
+        : `${payment} blocked by ${violation.rule}`,
     payload: {
       wallet_id: wallet.id, tx_id: txId, attempted_amount: formatUsdc(amount), recipient, violation, policy_id: wallet.policy_id,
     },
@@ -706,7 +714,7 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
             wallet.policy_id, judged.category, judged.attestation]);
         await tx.query('UPDATE wallets SET policy_violation_at = $2 WHERE id = $1', [wallet.id, new Date(nowMs)]);
         await writeBlockedEvent(tx, nowMs, wallet, txId, row.amount, row.recipient!, violation);
-        await alertPolicyViolation(tx, nowMs, wallet.org_id, wallet.id, txId, violation);
+        await alertPolicyViolation(tx, nowMs, wallet, txId, violation);
         return { blocked: await reload(tx, txId), violation };
       };
       assertNotArchived(wallet);
@@ -773,7 +781,7 @@ export async function rejectPayment(
          updated_at = $4, settled_at = $4 WHERE id = $1`,
       [txId, JSON.stringify(violation),
         JSON.stringify({ status: reason, decided_by: deciderKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs)]);
-    await writeBlockedEvent(tx, nowMs, { id: row.wallet_id!, org_id: orgId, policy_id: row.policy_id! }, txId, row.amount, row.recipient!, violation);
+    await writeBlockedEvent(tx, nowMs, { id: row.wallet_id!, org_id: orgId, policy_id: row.policy_id! }, txId, row.amount, row.recipient!, violation, reason);
     return reload(tx, txId);
   });
 }

@@ -149,11 +149,12 @@ interface SettlementRule {
   confirmedAll?(tx: Queryable, nowMs: number, rows: TransactionRow[]): Promise<void>;
 }
 
-async function creditWallet(tx: Queryable, nowMs: number, walletId: string, amount: bigint): Promise<bigint> {
-  const rows = await tx.query<{ balance: bigint }>(
-    'UPDATE wallets SET balance = balance + $2, last_transaction_at = $3 WHERE id = $1 RETURNING balance',
+/** Credits a vault; its balance after, and its label (the feed names a vault by it). */
+async function creditWallet(tx: Queryable, nowMs: number, walletId: string, amount: bigint): Promise<{ balance: bigint; label: string }> {
+  const rows = await tx.query<{ balance: bigint; label: string }>(
+    'UPDATE wallets SET balance = balance + $2, last_transaction_at = $3 WHERE id = $1 RETURNING balance, label',
     [walletId, amount, new Date(nowMs)]);
-  return rows[0]!.balance;
+  return rows[0]!;
 }
 
 async function creditReserve(tx: Queryable, orgId: string, amount: bigint): Promise<bigint> {
@@ -186,12 +187,15 @@ export async function recordTransactionFailed(tx: Queryable, nowMs: number, row:
 const RULES: Partial<Record<TransactionType, SettlementRule>> = {
   funding: {
     async confirmed(tx, nowMs, row) {
-      const balance = await creditWallet(tx, nowMs, row.wallet_id!, row.amount);
+      const { balance, label } = await creditWallet(tx, nowMs, row.wallet_id!, row.amount);
+      const autoTopup = row.memo === AUTO_TOPUP_MEMO;
       await recordEvent(tx, nowMs, {
         orgId: row.org_id, type: 'wallet.funded', walletId: row.wallet_id,
-        summary: `Wallet funded with ${formatUsdc(row.amount)} USDC from the reserve`,
+        summary: autoTopup
+          ? `Wallet ${label} topped up automatically with ${formatUsdc(row.amount)} USDC from the reserve (auto-topup)`
+          : `Wallet ${label} funded with ${formatUsdc(row.amount)} USDC from the reserve`,
         payload: {
-          wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), source: row.memo === AUTO_TOPUP_MEMO ? 'auto_topup' : 'reserve',
+          wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), source: autoTopup ? 'auto_topup' : 'reserve',
           usdc_balance: formatUsdc(balance), tx_signature: row.tx_signature, on_chain_slot: Number(row.on_chain_slot),
           ...(row.batch_id ? { batch_id: row.batch_id } : {}),
         },
@@ -220,10 +224,10 @@ const RULES: Partial<Record<TransactionType, SettlementRule>> = {
     async confirmed(tx, nowMs, row) {
       await tx.query('UPDATE wallets SET last_transaction_at = $2 WHERE id = $1', [row.wallet_id, new Date(nowMs)]);
       const reserve = await creditReserve(tx, row.org_id, row.amount);
-      const wallet = await tx.query<{ balance: bigint }>('SELECT balance FROM wallets WHERE id = $1', [row.wallet_id]);
+      const wallet = await tx.query<{ balance: bigint; label: string }>('SELECT balance, label FROM wallets WHERE id = $1', [row.wallet_id]);
       await recordEvent(tx, nowMs, {
         orgId: row.org_id, type: 'wallet.withdrawn', walletId: row.wallet_id,
-        summary: `${formatUsdc(row.amount)} USDC returned from the wallet to the reserve`,
+        summary: `${formatUsdc(row.amount)} USDC returned from wallet ${wallet[0]!.label} to the reserve`,
         payload: {
           wallet_id: row.wallet_id, tx_id: row.id, amount: formatUsdc(row.amount), destination: 'reserve',
           usdc_balance: formatUsdc(wallet[0]!.balance), org_balance: formatUsdc(reserve),

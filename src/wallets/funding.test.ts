@@ -201,8 +201,12 @@ describe('funding and withdrawal', () => {
     assert.equal(nothing.body.error.code, 'withdrawal_exceeds_balance');
     const types = await t.service.ctx.db.query<{ type: string }>('SELECT type FROM transactions WHERE wallet_id = $1 ORDER BY id', [wallet.wallet_id]);
     assert.deepEqual(types.map((r) => r.type), ['funding', 'withdrawal', 'withdrawal']);
-    const withdrawn = await t.service.ctx.db.query(`SELECT 1 FROM events WHERE type = 'wallet.withdrawn' AND wallet_id = $1`, [wallet.wallet_id]);
+    const withdrawn = await t.service.ctx.db.query<{ summary: string }>(
+      `SELECT summary FROM events WHERE type = 'wallet.withdrawn' AND wallet_id = $1 ORDER BY id`, [wallet.wallet_id]);
     assert.equal(withdrawn.length, 2);
+    assert.deepEqual(withdrawn.map((e) => e.summary), [
+      '2.50 USDC returned from wallet Funded agent to the reserve', '9.50 USDC returned from wallet Funded agent to the reserve',
+    ], 'the feed names the vault');
     await assertIndexEqualsChainAndConserved(t);
   });
 
