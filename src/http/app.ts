@@ -232,6 +232,16 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
       if (fields === null) throw invalidRequest('body', 'A DELETE takes no body: send none, or {}.');
       if (fields.length > 0) throw invalidRequest(toSnakeCase(fields[0]!), `Unknown field "${fields[0]}": a DELETE takes no body.`);
     }
+    // A query parameter a route does not take is refused, as its lists refuse one (their schemas
+    // close the query) and every body refuses an unknown field: `DELETE /v1/webhooks/{id}?dry_run=true`
+    // must not delete anything while the client believes it asked for a dry run.
+    if (request.routeOptions.config.permission && !request.routeOptions.schema?.querystring && !request.is404) {
+      const [unknown] = Object.keys(request.query as Record<string, unknown>);
+      if (unknown !== undefined) {
+        const param = shownPath(toSnakeCase(unknown));
+        throw invalidRequest(param, `Unknown field "${param}": this request takes no query parameter.`);
+      }
+    }
     // A POST without a body is an empty object: `POST /v1/payments/:id/approve` needs no fields.
     if (request.body === undefined && request.routeOptions.schema?.body) request.body = {};
     if (request.body && typeof request.body === 'object' && !Array.isArray(request.body)) {

@@ -12,6 +12,7 @@ import { ERROR_CODES } from '../errors/errors.ts';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { App } from './app.ts';
 import type { AppContext } from './context.ts';
+import { OPERATION_IDS } from './operation-ids.ts';
 
 /** Every error response, as `/docs/errors` describes it (more fields by code: `violation`, `available`…). */
 const ErrorResponse = Type.Object({
@@ -33,8 +34,9 @@ const AGENT_PERMISSIONS = new Set(['pay', 'vault_read']);
  * Authorization — `Idempotency-Key` where the body takes `idempotencyKey`, `Session-Token`
  * where an agent key may call it.
  */
-function documented({ schema, url, route }: { schema: Record<string, any>; url: string; route: { config?: unknown } }) {
+function documented({ schema, url, route }: { schema: Record<string, any>; url: string; route: { config?: unknown; method?: string | string[] } }) {
   if (!schema || schema.hide) return { schema, url };
+  const method = [route.method ?? []].flat().find((name) => name !== 'HEAD');
   const permission = (route.config as { permission?: string } | undefined)?.permission;
   const headers: Record<string, ReturnType<typeof Type.Optional<ReturnType<typeof Type.String>>>> = {};
   if (schema.body?.properties?.idempotencyKey) {
@@ -46,12 +48,18 @@ function documented({ schema, url, route }: { schema: Record<string, any>; url: 
   if (permission !== undefined && AGENT_PERMISSIONS.has(permission)) {
     headers['session-token'] = Type.Optional(Type.String({ description: 'with an agent key (and only then) required: the session token of the vault acted on (POST /v1/wallets/{id}/rotate-token)' }));
   }
+  // A success is described by the operation's summary ("A wallet, with its balance and policy"),
+  // not by "Default Response".
+  const success = Object.fromEntries(Object.entries(schema.response ?? { 200: {} })
+    .map(([status, response]) => [status, (response as { description?: string }).description ? response
+      : { ...(response as object), description: schema.summary ?? 'Success' }]));
   return {
     url,
     schema: {
       ...schema,
+      ...(method && OPERATION_IDS[`${method} ${url}`] ? { operationId: OPERATION_IDS[`${method} ${url}`] } : {}),
       ...(Object.keys(headers).length ? { headers: Type.Object(headers) } : {}),
-      response: { ...(schema.response ?? { 200: { description: 'Default Response' } }), '4xx': ErrorResponse, '5xx': ErrorResponse },
+      response: { ...success, '4xx': ErrorResponse, '5xx': ErrorResponse },
     },
   };
 }
@@ -66,6 +74,14 @@ function optionalBodies({ openapiObject }: { openapiObject: Record<string, any> 
     const body = item.post?.requestBody;
     const schema = body?.content?.['application/json']?.schema;
     if (schema && !(schema.required?.length > 0)) body.required = false;
+    // A route that answers files (an export's download: `produces` CSV, JSON, JSON Lines) answers
+    // its errors in JSON alone; @fastify/swagger gives every response each media type produced.
+    for (const operation of Object.values(item) as Array<{ responses?: Record<string, { content?: Record<string, unknown> }> }>) {
+      for (const [status, response] of Object.entries(operation.responses ?? {})) {
+        const json = response.content?.['application/json'];
+        if (!status.startsWith('2') && json) response.content = { 'application/json': json };
+      }
+    }
   }
   return openapiObject;
 }

@@ -255,6 +255,28 @@ describe('HTTP foundation', () => {
     assert.equal(pay.requestBody.required, true, 'a payment needs its fields');
     assert.equal(openapi.body.paths['/v1/policies/{policy_id}'].patch.requestBody.required, true, 'a PATCH needs one field');
     assert.ok(openapi.body.paths['/v1/organization'].get.responses['4XX'], 'every operation');
+    // What a client generator names and types things by: a unique operationId on every operation,
+    // a success described by its summary, errors in JSON alone (an export's file is CSV or JSON
+    // Lines, its errors are not), `limit` with the values it takes.
+    const operations = Object.entries(openapi.body.paths as Record<string, Record<string, {
+      operationId?: string; summary?: string; responses: Record<string, { description: string; content?: Record<string, unknown> }>;
+      parameters?: Array<{ in: string; name: string; schema: { pattern?: string } }>;
+    }>>).flatMap(([path, item]) => Object.entries(item).map(([method, operation]) => ({ at: `${method} ${path}`, ...operation })));
+    assert.ok(operations.length >= 60, String(operations.length));
+    assert.deepEqual(operations.filter((o) => !o.operationId).map((o) => o.at), [], 'every operation has an operationId');
+    const ids = operations.map((o) => o.operationId);
+    assert.equal(new Set(ids).size, ids.length, 'each its own');
+    assert.equal(pay.operationId, 'createPayment');
+    assert.deepEqual(operations.filter((o) => o.responses['200']?.description === 'Default Response').map((o) => o.at), []);
+    assert.equal(openapi.body.paths['/v1/wallets/{wallet_id}'].get.responses['200'].description, 'A wallet, with its balance and policy');
+    const download = openapi.body.paths['/v1/transactions/exports/{export_id}/download'].get.responses;
+    assert.deepEqual(Object.keys(download['4XX'].content), ['application/json']);
+    assert.equal(Object.keys(download['200'].content).length, 3, 'the file in its three formats');
+    const limit = openapi.body.paths['/v1/wallets'].get.parameters.find((p: { name: string }) => p.name === 'limit');
+    assert.ok(limit.schema.pattern, 'limit says what it takes');
+    const tooMany = await t.request('GET', '/v1/wallets?limit=101');
+    assert.deepEqual([tooMany.status, tooMany.body.error.param, tooMany.body.error.message],
+      [400, 'limit', 'Invalid value for "limit": must be an integer from 1 to 100.']);
     // Made once and kept: the same bytes each time, gzipped for a client that takes it, and a
     // client holding them is told so by their ETag (one per coding).
     const etag = String(openapi.headers.etag);
@@ -640,6 +662,23 @@ describe('request conventions', () => {
     const deletes = Object.entries(openapi.paths).flatMap(([route, ops]) => (ops.delete ? [[route, ops.delete.requestBody]] : []));
     assert.ok(deletes.length >= 6, JSON.stringify(deletes));
     assert.deepEqual(deletes.filter(([, body]) => body !== undefined), [], 'no DELETE has a requestBody');
+  });
+
+  test('a query parameter a route does not take is refused, as lists refuse one, and nothing is done', async () => {
+    // This suite's limit is 5 requests a minute per key.
+    const key = await t.createKey('admin');
+    const hook = await t.request('POST', '/v1/webhooks', { key, body: { url: 'https://hooks.example.com/dry-run', events: '*' } });
+    assert.equal(hook.status, 200, JSON.stringify(hook.body));
+    const path = `/v1/webhooks/${hook.body.webhook_id}`;
+    const dryRun = await t.request('DELETE', `${path}?dry_run=true`, { key });
+    assert.deepEqual([dryRun.status, dryRun.body.error?.code, dryRun.body.error?.param, dryRun.body.error?.message],
+      [400, 'invalid_request', 'dry_run', 'Unknown field "dry_run": this request takes no query parameter.']);
+    assert.equal((await t.request('GET', path, { key })).status, 200, 'not deleted');
+    const read = await t.request('GET', `${path}?expand=deliveries`, { key });
+    assert.deepEqual([read.status, read.body.error?.param], [400, 'expand'], 'a read as well: the option it asked for is not there');
+    const list = await t.request('GET', '/v1/webhooks?dry_run=true', { key: await t.createKey('admin') });
+    assert.deepEqual([list.status, list.body.error?.message], [400, 'Unknown field "dry_run".'], 'as a list says');
+    assert.equal((await t.request('GET', '/healthz?probe=1', { key: null })).status, 200, 'an unauthenticated probe takes what it is given');
   });
 
   test('no body with a JSON content type (a client sending the header on every call) is no body, not malformed JSON', async () => {

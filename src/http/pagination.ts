@@ -5,13 +5,16 @@
  */
 import { Type } from 'typebox';
 import { invalidRequest } from '../errors/errors.ts';
+import { patternString } from './fields.ts';
 
 export const PAGE_LIMIT_DEFAULT = 20;
 export const PAGE_LIMIT_MAX = 100;
 
 /** Query fields every list accepts. Limit is a string in the query and checked here. */
 export const PageQuery = {
-  limit: Type.Optional(Type.String({ description: `1..${PAGE_LIMIT_MAX}, default ${PAGE_LIMIT_DEFAULT}` })),
+  limit: Type.Optional(patternString(`^(${PAGE_LIMIT_MAX}|[1-9][0-9]?)$`, `must be an integer from 1 to ${PAGE_LIMIT_MAX}`, {
+    description: `1..${PAGE_LIMIT_MAX}, default ${PAGE_LIMIT_DEFAULT}`,
+  })),
   cursor: Type.Optional(Type.String({ description: 'next_cursor of the previous page', maxLength: 200 })),
 };
 
