@@ -261,6 +261,19 @@ describe('verifyCallbackProof and assertVerifierUsable', () => {
     await proofRefusal(verify(id, escrow, proof), /more than 300 seconds/);
   });
 
+  test('300 s either way is the tolerance in whole seconds, whatever the clock\'s milliseconds', async () => {
+    const { id, secret } = await newVerifier();
+    const escrow = escrowId();
+    const second = nowSeconds();
+    const at = (ms: number, time: number) => verifyCallbackProof(db(), second * 1000 + ms, t.orgId, id, escrow, sign(secret, time, escrow));
+    for (const ms of [0, 984]) {
+      await at(ms, second - 300);
+      await at(ms, second + 300);
+      await proofRefusal(at(ms, second - 301), new RegExp(`t=${second - 301} is more than 300 seconds away from the service clock \\(now ${second}\\)`));
+      await proofRefusal(at(ms, second + 301), /more than 300 seconds/);
+    }
+  });
+
   test('malformed proofs are refused with the expected format', async () => {
     const { id, secret } = await newVerifier();
     const escrow = escrowId();

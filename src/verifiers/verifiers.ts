@@ -219,9 +219,12 @@ export async function verifyCallbackProof(
   }
   const timestampSeconds = Number(match[1]);
   const signature = match[2]!;
-  if (Math.abs(nowMs - timestampSeconds * 1000) > PROOF_TOLERANCE_SECONDS * 1000) {
+  // In whole seconds, as `t` is written: 300 s either way is the same tolerance, and the refusal's
+  // "now" is the second compared (a millisecond clock made t = now − 300 stale and now + 300 good).
+  const nowSeconds = Math.floor(nowMs / 1000);
+  if (Math.abs(nowSeconds - timestampSeconds) > PROOF_TOLERANCE_SECONDS) {
     throw invalidProof(`The proof's time t=${timestampSeconds} is more than ${PROOF_TOLERANCE_SECONDS} seconds away from the service clock `
-      + `(now ${Math.floor(nowMs / 1000)}): sign a fresh one.`);
+      + `(now ${nowSeconds}): sign a fresh one.`);
   }
   const [verifier] = await q.query<VerifierRow>(`SELECT * FROM verifiers WHERE org_id = $1 AND id = $2${lock ? ' FOR SHARE' : ''}`, [orgId, verifierId]);
   if (!verifier) throw invalidProof(`The escrow's verifier ${quoted(verifierId)} does not exist in this organisation.`);
