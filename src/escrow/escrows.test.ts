@@ -273,6 +273,25 @@ describe('escrow', () => {
     });
   });
 
+  test('an agent without a party vault\'s token is told to send one of the escrow\'s vaults, not "this wallet"', async () => {
+    const from = await fundedWallet(t, '2');
+    const to = await fundedWallet(t, '0.5');
+    const outsider = await fundedWallet(t, '0.5');
+    const created = (await open(from, to.wallet_id, { amount: '1' })).body;
+    const agent = await t.createKey('agent');
+    const outsiderToken = (await t.request('POST', `/v1/wallets/${outsider.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+    for (const headers of [{}, { 'session-token': outsiderToken }]) {
+      for (const [method, path] of [['GET', ''], ['POST', '/dispute']] as const) {
+        const refused = await t.request(method, `/v1/payments/a2a/${created.escrow_id}${path}`, {
+          key: agent, headers, ...(method === 'POST' ? { body: { reason: 'not done' } } : {}),
+        });
+        assert.deepEqual([refused.status, refused.body.error?.code, refused.body.error?.message],
+          [403, 'session_token_invalid', 'Send the Session-Token of a vault taking part in this escrow.'], `${method} ${path} ${JSON.stringify(headers)}`);
+      }
+    }
+    assert.equal((await escrowOf(created.escrow_id)).status, 'locked', 'nothing done');
+  });
+
   // Guarantee: rotating a vault's session token revokes it at once (DESIGN §7), also for an
   // agent's completion already past its authorisation: fetching its output takes seconds, and
   // the token it showed must still be the vault's when the release is recorded.

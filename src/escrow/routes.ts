@@ -124,7 +124,8 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
         return { walletId, sessionKey: vault.session_public_key! };
       } catch (error) {
         // The token is one vault's, expired: that is the answer, whatever the other vault says.
-        if (!expired(refusal)) refusal = error;
+        // Otherwise the refusal names the escrow's vaults, not "this wallet" (the request names none).
+        if (expired(error)) refusal = error;
       }
     }
     throw refusal;
