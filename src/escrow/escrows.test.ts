@@ -280,7 +280,7 @@ describe('escrow', () => {
     const created = (await open(from, to.wallet_id, { amount: '1' })).body;
     const agent = await t.createKey('agent');
     const outsiderToken = (await t.request('POST', `/v1/wallets/${outsider.wallet_id}/rotate-token`, { body: {} })).body.session_token;
-    for (const headers of [{}, { 'session-token': outsiderToken }]) {
+    for (const headers of [{}, { 'session-token': outsiderToken }] as Array<Record<string, string>>) {
       for (const [method, path] of [['GET', ''], ['POST', '/dispute']] as const) {
         const refused = await t.request(method, `/v1/payments/a2a/${created.escrow_id}${path}`, {
           key: agent, headers, ...(method === 'POST' ? { body: { reason: 'not done' } } : {}),
@@ -290,6 +290,25 @@ describe('escrow', () => {
       }
     }
     assert.equal((await escrowOf(created.escrow_id)).status, 'locked', 'nothing done');
+  });
+
+  test('a provider agent lists the escrows its vault is offered, with that vault\'s token; no other vault\'s', async () => {
+    const from = await fundedWallet(t, '3');
+    const to = await fundedWallet(t, '0.5');
+    const other = await fundedWallet(t, '0.5');
+    const offered = (await open(from, to.wallet_id, { amount: '1' })).body;
+    await open(from, other.wallet_id, { amount: '1' });
+    const agent = await t.createKey('agent');
+    const token = (await t.request('POST', `/v1/wallets/${to.wallet_id}/rotate-token`, { body: {} })).body.session_token;
+    const listed = await t.request('GET', `/v1/payments/a2a?walletId=${to.wallet_id}&status=locked`, { key: agent, headers: { 'session-token': token } });
+    assert.equal(listed.status, 200, JSON.stringify(listed.body));
+    assert.deepEqual(listed.body.data.map((e: { escrow_id: string }) => e.escrow_id), [offered.escrow_id], 'its own vault\'s offer, not the other vault\'s');
+    const all = await t.request('GET', '/v1/payments/a2a', { key: agent, headers: { 'session-token': token } });
+    assert.deepEqual([all.status, all.body.error?.code, all.body.error?.param], [400, 'invalid_request', 'wallet_id'], 'not the organisation\'s list');
+    const another = await t.request('GET', `/v1/payments/a2a?walletId=${other.wallet_id}`, { key: agent, headers: { 'session-token': token } });
+    assert.deepEqual([another.status, another.body.error?.code], [403, 'session_token_invalid'], 'not another vault\'s');
+    const viewer = await t.request('GET', `/v1/payments/a2a?walletId=${to.wallet_id}`, { key: await t.createKey('viewer') });
+    assert.equal(viewer.body.data.length, 1, 'other roles as before');
   });
 
   // Guarantee: rotating a vault's session token revokes it at once (DESIGN §7), also for an

@@ -297,9 +297,11 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
   });
 
   app.get('/v1/payments/a2a', {
-    config: { permission: 'read' },
+    config: { permission: 'vault_read' },
     schema: {
       tags: ['Escrow'], summary: 'Escrows your organisation takes part in, newest first',
+      description: 'An `agent` key lists the escrows of one vault of its organisation, as sender or receiver: '
+        + 'it sends `walletId` and that vault\'s `Session-Token` (a provider agent finds the work it is offered here).',
       querystring: Type.Object({
         ...PageQuery,
         ...walletIdQuery('as sender or receiver: a vault of your organisation, or another\'s that your escrows pay'),
@@ -308,10 +310,19 @@ export function escrowRoutes(app: App, ctx: AppContext): void {
       response: { 200: pageOf(EscrowView) },
     },
   }, async (request) => {
-    const { orgId } = principalOf(request);
+    const principal = principalOf(request);
+    const { orgId } = principal;
     const page = parsePageRequest(request.query);
+    if (principal.role === 'agent') {
+      // An agent sees what its own vault sends and is offered, no more: its vault, with its token.
+      const vaultId = walletIdOf(request.query);
+      if (vaultId === undefined) {
+        throw invalidRequest('wallet_id', 'An agent lists the escrows of its own vault: send walletId and that vault\'s Session-Token.');
+      }
+      assertVaultAccess(principal, await getWallet(ctx.db, orgId, vaultId), sessionTokenOf(request.headers), ctx.clock.nowMs());
+    }
     // The service's arbiters also see every disputed escrow, to decide them.
-    const arbiter = await isServiceArbiter(ctx.db, principalOf(request));
+    const arbiter = await isServiceArbiter(ctx.db, principal);
     const where = new PageFilter('e').where((p) => `(e.org_id = ${p} OR e.receiver_org_id = ${p}${arbiter ? ` OR e.status = 'disputed'` : ''})`, orgId);
     const walletId = walletIdOf(request.query);
     if (walletId !== undefined) {
