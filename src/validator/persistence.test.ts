@@ -11,7 +11,7 @@ import {
 import { ManualClock } from '../clock/clock.ts';
 import { createInProcessRpc } from './in-process.ts';
 import { startRpcServer } from './http.ts';
-import { LOCK_FILE, LOCK_STALE_MS, SNAPSHOT_FILES, readSnapshot } from './state-file.ts';
+import { LOCK_FILE, LOCK_STALE_MS, SNAPSHOT_FILES, acquireLock, readSnapshot } from './state-file.ts';
 import {
   confirmed, createAtaIdempotent, eventually, memoInstruction, signedTransaction, transferSol, transferToken, writeMemoProgram, type TestRpc,
 } from './testing.ts';
@@ -165,6 +165,68 @@ describe('local validator persistence', () => {
     } finally {
       await samePid.close();
     }
+  });
+
+  // Guarantee: one owner, also when several processes start at once on a lock left by a crash.
+  it('processes taking one stale lock over at the same instant: exactly one holds it each time', async () => {
+    const dataDir = join(root, 'lock-race');
+    mkdirSync(dataDir, { recursive: true });
+    const lock = join(dataDir, LOCK_FILE);
+    const dead = spawnSync(process.execPath, ['-e', '']).pid;
+    // Each process holds what it takes until it is killed, so one that starts late finds it held.
+    const script = `
+      import { acquireLock } from ${JSON.stringify(new URL('./state-file.ts', import.meta.url).href)};
+      const at = Number(process.argv[1]);
+      while (Date.now() < at) {}
+      try { acquireLock(${JSON.stringify(dataDir)}); console.log('held'); setInterval(() => {}, 1_000); }
+      catch (error) { console.log(/in use by pid/.test(error.message) ? 'refused' : error.message); }`;
+    for (let trial = 0; trial < 6; trial += 1) {
+      // Left by a process killed while it held it (the last trial's holder, killed), or none.
+      if (trial === 0) writeFileSync(lock, `${dead}\n`);
+      if (trial === 3) rmSync(lock);
+      const at = String(Date.now() + 1_500);
+      const children = Array.from({ length: 4 }, () => spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script, at],
+        { stdio: ['ignore', 'pipe', 'inherit'] }));
+      const outcomes = await Promise.all(children.map((child) => new Promise<string>((resolve, reject) => {
+        let out = '';
+        child.stdout!.on('data', (chunk: Buffer) => {
+          out += chunk.toString('utf8');
+          if (out.includes('\n')) resolve(out.trim());
+        });
+        child.on('error', reject);
+        child.on('exit', () => resolve(out.trim()));
+      })));
+      await Promise.all(children.map((child) => new Promise((resolve) => {
+        if (child.exitCode !== null || child.signalCode !== null) resolve(null);
+        else { child.on('exit', resolve); child.kill('SIGKILL'); }
+      })));
+      assert.deepEqual(outcomes.sort(), ['held', 'refused', 'refused', 'refused'], `trial ${trial}`);
+      assert.deepEqual(readdirSync(dataDir), [LOCK_FILE], 'the holder\'s lock, and no file of a takeover left behind');
+    }
+  });
+
+  it('a takeover being judged by another process is waited for; one left by a process that died judging is removed', () => {
+    const dataDir = join(root, 'lock-takeover');
+    mkdirSync(dataDir, { recursive: true });
+    const lock = join(dataDir, LOCK_FILE);
+    const takeover = `${lock}.takeover`;
+    const dead = spawnSync(process.execPath, ['-e', '']).pid;
+    writeFileSync(lock, `${dead}\n`);
+    writeFileSync(takeover, `${dead}\n`);
+    // Another process judging: its takeover ends 300 ms from now (acquireLock blocks this thread).
+    spawn(process.execPath, ['-e', `setTimeout(() => require('node:fs').rmSync(${JSON.stringify(takeover)}), 300)`]);
+    let release = acquireLock(dataDir);
+    assert.match(readFileSync(lock, 'utf8'), new RegExp(`^${process.pid}\n`), 'taken over once the other judgement ended');
+    release();
+    // Died judging, long ago: its takeover lock is removed, and the stale lock taken over.
+    writeFileSync(lock, `${dead}\n`);
+    writeFileSync(takeover, `${dead}\n`);
+    const longAgo = new Date(Date.now() - 10 * 60_000);
+    utimesSync(takeover, longAgo, longAgo);
+    release = acquireLock(dataDir);
+    assert.match(readFileSync(lock, 'utf8'), new RegExp(`^${process.pid}\n`));
+    assert.equal(existsSync(takeover), false);
+    release();
   });
 
   // Guarantee: the same across containers or hosts sharing the data dir, where a pid means nothing.

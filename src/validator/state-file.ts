@@ -10,7 +10,8 @@
  * PostgreSQL's write load here, 3.5 ms against 6.9 ms at the median, 10 against 24 at p99 for
  * 1.5 MB (docs/benchmarks.md, fourteenth round). A file grows with slack, so that it rarely grows.
  */
-import { closeSync, openSync, readFileSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { closeSync, fstatSync, linkSync, openSync, readFileSync, rmSync, statSync, unlinkSync, utimesSync, writeFileSync, writeSync } from 'node:fs';
 import { open, rename, rm, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { crc32 } from 'node:zlib';
@@ -114,8 +115,56 @@ function processIsAlive(pid: number): boolean {
 }
 
 /**
+ * A takeover lock older than this was left by a process that died taking a stale lock over: it
+ * is removed. Longer than the longest judgement made under it (heldElsewhere's wait).
+ */
+const TAKEOVER_STALE_MS = LOCK_STALE_MS + 15_000;
+/** How long a start waits for another process's takeover of the same lock. */
+const TAKEOVER_WAIT_MS = TAKEOVER_STALE_MS + 5_000;
+const TAKEOVER_RECHECK_MS = 10;
+/** An empty lock younger than this is being written; looked at again this often. */
+const EMPTY_LOCK_GRACE_MS = 2_000;
+const EMPTY_LOCK_RECHECK_MS = 50;
+
+/**
+ * Creates `path` holding `content`, or answers false when it exists. Written to a file of its
+ * own, then linked in: the lock is never seen without its content (a lock created empty, then
+ * written, read as stale by another process in between, was taken twice). A file system
+ * without hard links gets the exclusive create, then the write.
+ */
+function createWithContent(path: string, content: string): boolean {
+  const temp = `${path}.${process.pid}.${randomBytes(6).toString('hex')}.tmp`;
+  try {
+    writeFileSync(temp, content, { flag: 'wx', mode: 0o600 });
+    linkSync(temp, path);
+    return true;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    if (code === 'EEXIST') return false;
+    if (code !== 'EPERM' && code !== 'ENOTSUP' && code !== 'EOPNOTSUPP') throw error;
+  } finally {
+    rmSync(temp, { force: true });
+  }
+  let fd: number;
+  try {
+    fd = openSync(path, 'wx', 0o600);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false;
+    throw error;
+  }
+  writeSync(fd, content);
+  closeSync(fd);
+  return true;
+}
+
+/**
  * Takes the data directory's lock, or throws ValidatorLockedError naming the owner (and the
  * `remedy`, what the one refused can do about it). A lock left by a dead process is taken over. Returns the function that releases it.
+ *
+ * A lock is only ever removed by its holder, or by a process holding the takeover lock beside it
+ * (`<lock>.takeover`), which judges the lock there and removes it only if stale: two processes
+ * finding one stale lock at once cannot both take it (one removing the lock the other had just
+ * made in its place). A takeover lock is held for the judgement alone.
  *
  * The same process opening the directory twice is refused too: two LiteSVM instances would
  * overwrite each other's snapshot. The lock names its holder's pid and pid namespace, and the
@@ -125,42 +174,27 @@ function processIsAlive(pid: number): boolean {
  */
 export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validator state', remedy = '' } = {}): () => void {
   const path = join(dataDir, file);
-  for (let attempt = 0; attempt < 3; attempt++) {
-    let fd: number;
-    try {
-      fd = openSync(path, 'wx', 0o600);
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
-      let owner = NaN;
-      let namespace = '';
-      try {
-        const [pidLine = '', namespaceLine = ''] = readFileSync(path, 'utf8').split('\n');
-        owner = Number.parseInt(pidLine.trim(), 10);
-        namespace = namespaceLine.trim();
-      } catch (readError) {
-        if ((readError as NodeJS.ErrnoException).code === 'ENOENT') continue;
-        throw readError;
+  const takeover = `${path}.takeover`;
+  const content = `${process.pid}\n${PID_NAMESPACE}\n`;
+  const waitUntil = Date.now() + TAKEOVER_WAIT_MS;
+  for (let attempt = 0; attempt < 3;) {
+    if (!createWithContent(path, content)) {
+      if (!createWithContent(takeover, content)) {
+        // Another process is judging the lock: wait for it, unless it died doing so.
+        const since = mtimeMsOf(takeover);
+        if (since !== null && Date.now() - since > TAKEOVER_STALE_MS) rmSync(takeover, { force: true });
+        else if (Date.now() > waitUntil) throw new Error(`could not take the lock ${path}: ${takeover} stayed held`);
+        else sleepSync(TAKEOVER_RECHECK_MS);
+        continue;
       }
-      // Another namespace's pid cannot be looked up here: its lock lives while it is touched.
-      // (A lock of an earlier version names no namespace: judged by its pid, as then.)
-      const elsewhere = namespace !== '' && namespace !== PID_NAMESPACE;
-      // An empty or unreadable pid is a lock whose writer died between create and write.
-      // A lock naming this process's pid written before it started was left by an earlier run
-      // that had the same pid (pid 1 in a container, restarted after a kill): stale. Written
-      // since, it is this process's own (another thread's: the validator's, say).
-      const held = elsewhere ? heldElsewhere(path)
-        : owner === process.pid ? writtenByThisProcess(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
-      if (held) throw new ValidatorLockedError(dataDir, owner, what, elsewhere, remedy);
+      attempt += 1;
       try {
-        unlinkSync(path);
-      } catch (unlinkError) {
-        if ((unlinkError as NodeJS.ErrnoException).code !== 'ENOENT') throw unlinkError;
+        judgeExistingLock(path, dataDir, what, remedy);
+      } finally {
+        rmSync(takeover, { force: true });
       }
       continue;
     }
-    const content = `${process.pid}\n${PID_NAMESPACE}\n`;
-    writeSync(fd, content);
-    closeSync(fd);
     const ours = () => {
       try {
         return readFileSync(path, 'utf8') === content;
@@ -189,6 +223,59 @@ export function acquireLock(dataDir: string, { file = LOCK_FILE, what = 'validat
     };
   }
   throw new Error(`could not take the lock ${path}`);
+}
+
+/**
+ * Under the takeover lock: throws ValidatorLockedError if the lock at `path` is held, removes it
+ * if it is stale (or gone already: nothing to do).
+ */
+function judgeExistingLock(path: string, dataDir: string, what: string, remedy: string): void {
+  let owner = NaN;
+  let namespace = '';
+  let inode = -1;
+  for (let waitedMs = 0; ; waitedMs += EMPTY_LOCK_RECHECK_MS) {
+    try {
+      const fd = openSync(path, 'r');
+      try {
+        inode = fstatSync(fd).ino;
+        const [pidLine = '', namespaceLine = ''] = readFileSync(fd, 'utf8').split('\n');
+        owner = Number.parseInt(pidLine.trim(), 10);
+        namespace = namespaceLine.trim();
+      } finally {
+        closeSync(fd);
+      }
+    } catch (readError) {
+      if ((readError as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw readError;
+    }
+    // Empty and just made: being written (a file system without hard links), not yet stale.
+    const madeMs = mtimeMsOf(path);
+    if (Number.isInteger(owner) || madeMs === null || Date.now() - madeMs > EMPTY_LOCK_GRACE_MS || waitedMs >= EMPTY_LOCK_GRACE_MS) break;
+    sleepSync(EMPTY_LOCK_RECHECK_MS);
+  }
+  // Another namespace's pid cannot be looked up here: its lock lives while it is touched.
+  // (A lock of an earlier version names no namespace: judged by its pid, as then.)
+  const elsewhere = namespace !== '' && namespace !== PID_NAMESPACE;
+  // An empty or unreadable pid is a lock whose writer died between create and write (an
+  // earlier version's, or one made on a file system without hard links).
+  // A lock naming this process's pid written before it started was left by an earlier run
+  // that had the same pid (pid 1 in a container, restarted after a kill): stale. Written
+  // since, it is this process's own (another thread's: the validator's, say).
+  const held = elsewhere ? heldElsewhere(path)
+    : owner === process.pid ? writtenByThisProcess(path) : Number.isInteger(owner) && owner > 0 && processIsAlive(owner);
+  if (held) throw new ValidatorLockedError(dataDir, owner, what, elsewhere, remedy);
+  // The very file judged (a takeover lock left by a process that died judging is removed after
+  // TAKEOVER_STALE_MS, and two processes may then judge at once: the later one must not remove
+  // the lock the earlier one made since).
+  if (inodeOf(path) === inode) rmSync(path, { force: true });
+}
+
+function inodeOf(path: string): number | null {
+  try {
+    return statSync(path).ino;
+  } catch {
+    return null;
+  }
 }
 
 /** What the validator needs besides LiteSVM's state to continue where it stopped. */
