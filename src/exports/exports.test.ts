@@ -696,6 +696,12 @@ describe('transaction exports over time and through failures', () => {
     }
   });
 
+  test('GET /v1/payments/check (the preflight with the wrong method) answers 404 naming POST, not "no payment check"', async () => {
+    const response = await t.request('GET', '/v1/payments/check');
+    assert.deepEqual([response.status, response.body.error.code, response.body.error.param], [404, 'not_found', 'tx_id']);
+    assert.match(response.body.error.message, /^The preflight is POST \/v1\/payments\/check/);
+  });
+
   test(`requests side by side never go over ${PROCESSING_PER_ORG_MAX} processing exports`, async () => {
     const org = await t.createOrganization('Eager exporter');
     const answers = await Promise.all(Array.from({ length: 8 }, () =>

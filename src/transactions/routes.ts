@@ -154,6 +154,11 @@ export function transactionRoutes(app: App, ctx: AppContext): void {
     },
   }, async (request) => {
     const principal = principalOf(request);
+    // `GET /v1/payments/check`: the preflight asked for with the wrong method, not a payment "check".
+    if (request.params.tx_id === 'check') {
+      throw new ServiceError('not_found', 'The preflight is POST /v1/payments/check, with the payment\'s body; GET reads a payment by its id.',
+        { param: 'tx_id' });
+    }
     const row = await getTransaction(ctx.db, principal.orgId, request.params.tx_id);
     if (principal.role === 'agent') {
       // An agent polls the payments of the vault it holds the token for, and nothing else.
