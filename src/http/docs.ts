@@ -42,7 +42,7 @@ function documented({ schema, url, route }: { schema: Record<string, any>; url: 
   if (schema.body?.properties?.idempotencyKey) {
     headers['idempotency-key'] = Type.Optional(Type.String({
       description: 'makes the request safe to retry: a replay answers the first answer (or idempotencyKey in the body); '
-        + '1 to 255 printable ASCII characters',
+        + '1 to 255 printable ASCII characters, no space',
     }));
   }
   if (permission !== undefined && AGENT_PERMISSIONS.has(permission)) {

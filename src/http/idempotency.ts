@@ -52,7 +52,7 @@ export function idempotencyKeyOf(headerValue: unknown, bodyValue: unknown): stri
   }
   const key = header ?? body;
   if (key !== null && !KEY_PATTERN.test(key)) {
-    throw invalidRequest('idempotency_key', 'an idempotency key is 1 to 255 printable ASCII characters');
+    throw invalidRequest('idempotency_key', 'an idempotency key is 1 to 255 printable ASCII characters, no space');
   }
   return key;
 }

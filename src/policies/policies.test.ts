@@ -97,6 +97,8 @@ const INVALID_FIELDS: ReadonlyArray<[string, Record<string, unknown>, string, st
   ['velocity above its maximum', { velocityCap: 1_000_001 }, 'invalid_request', 'velocity_cap'],
   ['recipient neither address nor domain', { allowedRecipients: [ADDRESS, 'not a recipient'] }, 'invalid_recipient', 'allowed_recipients.1'],
   ['recipients not an array', { allowedRecipients: ADDRESS }, 'invalid_request', 'allowed_recipients'],
+  ['an empty recipient', { allowedRecipients: [ADDRESS, ''] }, 'invalid_recipient', 'allowed_recipients.1'],
+  ['a recipient over 253 characters', { allowedRecipients: [`${'a'.repeat(250)}.com`] }, 'invalid_recipient', 'allowed_recipients.0'],
   ['category with a space', { blockedCategories: ['online gambling'] }, 'invalid_request', 'blocked_categories.0'],
   ['expiry without a zone', { expiry: '2099-01-01T00:00:00' }, 'invalid_request', 'expiry'],
   ['expiry in the past', { expiry: '2001-01-01T00:00:00Z' }, 'invalid_request', 'expiry'],

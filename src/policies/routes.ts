@@ -5,7 +5,7 @@
 import { Type } from 'typebox';
 import type { App } from '../http/app.ts';
 import { principalOf } from '../http/auth.ts';
-import { NOT_BLANK_PATTERN, patternString } from '../http/fields.ts';
+import { NOT_BLANK_PATTERN, patternString, recipientField } from '../http/fields.ts';
 import { CATEGORY_PATTERN, CATEGORY_TEXT } from '../recipients/recipients.ts';
 import type { AppContext } from '../http/context.ts';
 import { PageQuery, pageOf, parsePageRequest } from '../http/pagination.ts';
@@ -32,7 +32,7 @@ const RuleFields = {
   requireCoSign: Limit('payments above this amount wait for an operator\'s approval'),
   velocityCap: Type.Optional(Type.Union([Type.Integer({ minimum: 0, maximum: VELOCITY_CAP_MAX }), Type.Null()],
     { description: 'maximum payments per rolling hour; null = no limit' })),
-  allowedRecipients: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: RECIPIENT_LENGTH_MAX }), {
+  allowedRecipients: Type.Optional(Type.Array(recipientField('a chain address or a domain name', RECIPIENT_LENGTH_MAX), {
     maxItems: ALLOWED_RECIPIENTS_MAX, description: 'chain addresses or domain names; empty = any recipient',
   })),
   blockedCategories: Type.Optional(Type.Array(patternString(CATEGORY_PATTERN, CATEGORY_TEXT), {
