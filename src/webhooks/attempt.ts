@@ -64,10 +64,15 @@ export interface SentAttempt {
   result: AttemptResult;
 }
 
-/** Text a receiver sent, made storable: bounded, and without NUL (which PostgreSQL text refuses). */
+/**
+ * Text a receiver sent, made storable: its first RESPONSE_EXCERPT_CHARS characters (code points,
+ * so that a character outside the BMP is never cut in half), without NUL (which PostgreSQL text
+ * refuses). Four bytes of UTF-8 hold any character, so the bytes read always hold enough.
+ */
 function excerptOf(body: Buffer): string | null {
   if (!body.length) return null;
-  return body.subarray(0, RESPONSE_EXCERPT_CHARS * 4).toString('utf8').replace(/\u0000/g, '').slice(0, RESPONSE_EXCERPT_CHARS);
+  return Array.from(body.subarray(0, RESPONSE_EXCERPT_CHARS * 4).toString('utf8').replace(/\u0000/g, ''))
+    .slice(0, RESPONSE_EXCERPT_CHARS).join('');
 }
 
 /**

@@ -165,6 +165,13 @@ describe('webhooks API', () => {
       assert.equal(both.status, 400);
       assert.equal(both.body.error.code, 'invalid_request');
       assert.equal(both.body.error.param, 'event_id');
+      // The excerpt keeps whole characters: the 500th, outside the BMP, is not cut in half.
+      const long = `${'a'.repeat(498)}é😀 and more`;
+      receiver.reply = () => ({ status: 500, body: long });
+      const cut = await t.request('POST', `/v1/webhooks/${id}/test`);
+      assert.equal(cut.body.success, false);
+      const cutLog = await t.request('GET', `/v1/webhooks/${id}/deliveries?limit=1`);
+      assert.equal(cutLog.body.data[0].attempts[0].response_excerpt, `${'a'.repeat(498)}é😀`);
       // A failed ping never degrades the webhook.
       assert.equal((await t.request('GET', `/v1/webhooks/${id}`)).body.status, 'active');
     } finally {
