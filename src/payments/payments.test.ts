@@ -15,6 +15,7 @@ import { hashApiKey } from '../auth/api-keys.ts';
 import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
 import { canonicalJson } from '../http/idempotency.ts';
+import { listMigrations, migrate } from '../db/migrate.ts';
 import { spendWindowsAt } from './spend-state.ts';
 
 async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
@@ -333,6 +334,17 @@ describe('payments', () => {
     assert.equal(record.body.status, 'blocked');
     assert.equal(record.body.policy_triggered, true);
     assert.equal(record.body.tx_signature, null, 'nothing was sent');
+    assert.equal(record.body.settled_at, record.body.timestamp, 'final when recorded');
+    // A row an earlier release recorded blocked without settled_at gets it from migration 0045.
+    const { db } = t.service.ctx;
+    const migration = listMigrations().find((m) => m.name === 'blocked_settled_at')!;
+    await db.transaction(async (tx) => {
+      await tx.query('UPDATE transactions SET settled_at = NULL WHERE id = $1', [record.body.tx_id]);
+      await tx.query('DELETE FROM schema_migrations WHERE version = $1', [migration.version]);
+    });
+    assert.equal((await t.request('GET', `/v1/transactions/${record.body.tx_id}`)).body.settled_at, null);
+    assert.deepEqual(await migrate(db), [migration.version]);
+    assert.equal((await t.request('GET', `/v1/transactions/${record.body.tx_id}`)).body.settled_at, record.body.timestamp);
     const events = await t.service.ctx.db.query<{ payload: Record<string, unknown>; severity: string }>(
       `SELECT payload, severity FROM events WHERE wallet_id = $1 AND type = 'transaction.blocked'`, [wallet.wallet_id]);
     assert.equal(events.length, 1);

@@ -120,8 +120,9 @@ export function insertTransactionsSql(
   const columns = `id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
        tx_signature, last_valid_block_height, batch_id, escrow_id, recipient_address, category, policy_triggered, approval,
        approval_expires_at, spend_at_ms, violation, attested_at`;
-  const sql = `INSERT INTO transactions (${columns}, created_at, updated_at)
-     SELECT r.*, ${now}::timestamptz, ${now}::timestamptz FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
+  // A row recorded already final (a spend the policy blocked) is settled when it is recorded.
+  const sql = `INSERT INTO transactions (${columns}, created_at, updated_at, settled_at)
+     SELECT r.*, ${now}::timestamptz, ${now}::timestamptz, CASE WHEN r.status = 'pending' THEN NULL ELSE ${now}::timestamptz END FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
        ${column('text', (t) => t.walletId)}, ${column('text', (t) => t.type)}, ${column('text', (t) => t.status ?? 'pending')},
        ${column('bigint', (t) => String(t.amount))}, ${column('text', (t) => t.recipient)}, ${column('text', (t) => t.policyId ?? null)},
        ${column('text', (t) => t.memo ?? null)}, ${column('text', (t) => t.attestationHash ?? null)}, ${column('text', (t) => t.signature)},
