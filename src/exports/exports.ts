@@ -287,7 +287,7 @@ export async function openDownload(db: Database, orgId: string, exportId: string
   const status = statusAt(row, nowMs);
   if (status !== 'ready' || row.content_oid === null || row.size_bytes === null) {
     throw exportNotFound(exportId, status === 'processing' ? ' with a file yet: it is still processing'
-      : status === 'failed' ? ' with a file: it failed' : ' with a file: it has expired and was deleted');
+      : status === 'failed' ? ' with a file: it failed' : ' with a file: it has expired');
   }
   return {
     fileName: fileNameOf(row),
