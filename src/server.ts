@@ -3,10 +3,11 @@
  * or a cluster), the default organisation, the HTTP API and the workers; graceful shutdown.
  * buildService assembles without listening, so tests use the very same wiring.
  */
+import { createServer, type AddressInfo } from 'node:net';
 import pino from 'pino';
 import { connectChain, type ChainConnection } from './chain/connect.ts';
 import { ServiceClock } from './clock/service-clock.ts';
-import type { Config } from './config/config.ts';
+import { defaultDocsUrl, type Config } from './config/config.ts';
 import { openDatabase, type Database } from './db/database.ts';
 import { migrate } from './db/migrate.ts';
 import { buildApp, type App } from './http/app.ts';
@@ -134,6 +135,9 @@ export async function buildService(config: Config, options: BuildServiceOptions 
  */
 export async function serve(config: Config, { workers = true, http = true } = {}): Promise<void> {
   const logger = pino({ level: config.logLevel });
+  // A port taken or a host not this machine's is said before anything is set up: on a first start,
+  // before the default organisation is made and its key printed.
+  if (http) await assertListenable(config.host, config.port);
   // Printed once, on the first start, as soon as it is stored (before the chain setup, which
   // may fail and be finished at the next start): the only time this key is ever shown.
   const service = await buildService(config, {
@@ -170,7 +174,12 @@ export async function serve(config: Config, { workers = true, http = true } = {}
   if (http) {
     try {
       await service.app.listen({ port: config.port, host: config.host });
-    } catch (error) {
+      // PORT=0: the errors' `docs` links name the port the system chose.
+      if (config.port === 0 && config.docsUrl === defaultDocsUrl(config.host, 0)) {
+        config.docsUrl = defaultDocsUrl(config.host, (service.app.server.address() as AddressInfo).port);
+      }
+    } catch (caught) {
+      const error = listenError(caught, config.host, config.port);
       // The port taken, a host that is not this machine's: nothing is left running (the workers,
       // the validator's thread, the data dir's locks), so the process ends with the error.
       closing = true;
@@ -181,5 +190,26 @@ export async function serve(config: Config, { workers = true, http = true } = {}
     }
   } else {
     logger.info({ jobs: JOBS.map((job) => job.name) }, 'workers running (no HTTP listener)');
+  }
+}
+
+/** A listen that failed, saying which variables chose the address (the error's `code` kept). */
+function listenError(error: unknown, host: string, port: number): unknown {
+  if (!(error instanceof Error)) return error;
+  return Object.assign(new Error(`cannot listen on HOST=${host} PORT=${port}: ${error.message}`), { code: (error as { code?: unknown }).code });
+}
+
+/** Binds the address once and lets it go: a port taken or a host that is not this machine's throws, naming HOST and PORT. */
+async function assertListenable(host: string, port: number): Promise<void> {
+  const probe = createServer();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      probe.once('error', reject);
+      probe.listen({ host, port, exclusive: true }, resolve);
+    });
+  } catch (error) {
+    throw listenError(error, host, port);
+  } finally {
+    await new Promise<void>((resolve) => { if (probe.listening) probe.close(() => resolve()); else resolve(); });
   }
 }

@@ -28,6 +28,9 @@ test('a bad value stops start-up with a message naming the variable', () => {
     [{ DATABASE_URL: 'mysql://x' }, /^DATABASE_URL/],
     [{ AGENT_VAULT_TEST_HELPERS: 'maybe' }, /^AGENT_VAULT_TEST_HELPERS/],
     [{ LOG_LEVEL: 'loud' }, /^LOG_LEVEL/],
+    [{ HOST: 'http://0.0.0.0' }, /^HOST: must be an IP address or a host name/],
+    [{ HOST: 'my host' }, /^HOST: must be an IP address or a host name/],
+    [{ HOST: '-bad.example' }, /^HOST: must be an IP address or a host name/],
     [{ AGENT_VAULT_PROGRAM_ID: 'not-an-address!' }, /^AGENT_VAULT_PROGRAM_ID/],
     [{ AGENT_VAULT_BOOTSTRAP_KEY: 'short' }, /^AGENT_VAULT_BOOTSTRAP_KEY/],
     [{ AGENT_VAULT_BOOTSTRAP_KEY: 'abcdefghij+klmnopqrstuvwxyz/0123=' }, /^AGENT_VAULT_BOOTSTRAP_KEY: must be at most 256/],
@@ -45,5 +48,7 @@ test('error docs links point at this process\'s own reference unless AGENT_VAULT
   assert.equal(loadConfig({}).docsUrl, 'http://127.0.0.1:8080/docs');
   assert.equal(loadConfig({ PORT: '3917' }).docsUrl, 'http://127.0.0.1:3917/docs');
   assert.equal(loadConfig({ HOST: '0.0.0.0', PORT: '9000' }).docsUrl, 'http://127.0.0.1:9000/docs');
+  assert.equal(loadConfig({ HOST: '::1', PORT: '9000' }).docsUrl, 'http://[::1]:9000/docs');
+  assert.equal(loadConfig({ HOST: 'api.internal', PORT: '9000' }).docsUrl, 'http://api.internal:9000/docs');
   assert.equal(loadConfig({ AGENT_VAULT_DOCS_URL: 'https://docs.example.com/' }).docsUrl, 'https://docs.example.com');
 });

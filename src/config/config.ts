@@ -4,6 +4,7 @@
  */
 import { looksLikeApiKey } from '../auth/api-keys.ts';
 import { parseSecretKey } from '../chain/operator-key.ts';
+import { isIP } from 'node:net';
 import { resolve } from 'node:path';
 
 export interface Config {
@@ -51,6 +52,17 @@ export interface Config {
    */
   programId: string | null;
   usdcMint: string | null;
+}
+
+/** A host name to listen on: dot-separated labels of letters, digits and inner hyphens, at most 253 characters. */
+const HOST_NAME = /^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
+
+/**
+ * The reference this process serves itself, the default of AGENT_VAULT_DOCS_URL (a wildcard
+ * host is reached on loopback). With PORT=0 the port is known once listening (`serve` sets it).
+ */
+export function defaultDocsUrl(host: string, port: number): string {
+  return `http://${host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host.includes(':') ? `[${host}]` : host}:${port}/docs`;
 }
 
 export class ConfigError extends Error {
@@ -138,6 +150,9 @@ export function loadConfig(env: Env = process.env): Config {
   const usdcMint = base58Address(env, 'AGENT_VAULT_USDC_MINT');
   const port = integer(env, 'PORT', 8080, 0, 65535);
   const host = text(env, 'HOST') ?? '127.0.0.1';
+  if (!isIP(host) && !HOST_NAME.test(host)) {
+    throw new ConfigError('HOST', 'must be an IP address or a host name (letters, digits, "-" and ".")');
+  }
   return {
     port,
     host,
@@ -149,9 +164,7 @@ export function loadConfig(env: Env = process.env): Config {
     validatorThread: flag(env, 'AGENT_VAULT_VALIDATOR_THREAD', true),
     testHelpers: flag(env, 'AGENT_VAULT_TEST_HELPERS', null),
     allowPrivateWebhooks: flag(env, 'AGENT_VAULT_ALLOW_PRIVATE_WEBHOOKS', false),
-    // By default the reference this process serves itself (a wildcard host is reached on loopback).
-    docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:'])
-      ?? `http://${host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host.includes(':') ? `[${host}]` : host}:${port}/docs`).replace(/\/$/, ''),
+    docsUrl: (url(env, 'AGENT_VAULT_DOCS_URL', ['http:', 'https:']) ?? defaultDocsUrl(host, port)).replace(/\/$/, ''),
     logLevel: logLevel as Config['logLevel'],
     rateLimitPerMinute: integer(env, 'AGENT_VAULT_RATE_LIMIT_PER_MINUTE', 1200, 1, 1_000_000),
     walletsPerOrgMax: integer(env, 'AGENT_VAULT_WALLETS_PER_ORG_MAX', 10_000, 1, 10_000_000),

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { connect, createServer, type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -64,6 +64,9 @@ describe('agent-vault serve', () => {
     assert.ok(key, `the first start prints the admin key:\n${first.output()}`);
     const health = await fetch(`${first.baseUrl}/healthz`);
     assert.equal(health.status, 200);
+    // PORT=0: an error's docs link names the port the system chose, not 0.
+    const refused = await (await fetch(`${first.baseUrl}/v1/wallets`)).json() as { error: { docs: string } };
+    assert.equal(refused.error.docs, `${first.baseUrl}/docs/errors#authentication_failed`);
     const deposit = await fetch(`${first.baseUrl}/v1/test_helpers/deposits`, {
       method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, body: '{"amount":"42"}',
     });
@@ -133,7 +136,10 @@ describe('agent-vault serve', () => {
         child.once('close', (exitCode) => { clearTimeout(timer); resolve(exitCode); });
       });
       assert.equal(code, 1, output);
-      assert.match(output, /EADDRINUSE/);
+      assert.match(output, /cannot listen on HOST=127\.0\.0\.1 PORT=\d+: .*EADDRINUSE/);
+      // Said before anything was set up: no organisation made, no key printed, no database.
+      assert.doesNotMatch(output, /Admin API key/);
+      assert.deepEqual(readdirSync(dir), []);
       // Its locks were released: the same data dir starts at once on a free port.
       const next = await startServe(dir);
       assert.equal(await stop(next), 0);
