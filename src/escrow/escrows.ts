@@ -914,7 +914,6 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
         `Escrow ${escrow.id}: its release was refused on chain (${row.failure_reason ?? 'unknown'}); it is locked again`, {
           escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
           tx_signature: row.tx_signature, reason: row.failure_reason, status: 'locked', expires_at: escrow.expires_at.toISOString(),
-          timestamp: new Date(nowMs).toISOString(),
         });
     }
     // An arbiter's decision that did not land (refused, or lost and not sent again in time) is
@@ -926,7 +925,6 @@ async function finishClosing(tx: Queryable, nowMs: number, row: TransactionRow, 
         `Escrow ${escrow.id}: the arbiter's decision did not take effect on chain (${row.failure_reason ?? 'unknown'}); it is disputed again`, {
           escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
           tx_signature: row.tx_signature, reason: row.failure_reason, status: 'disputed', resolution: escrow.resolution,
-          timestamp: new Date(nowMs).toISOString(),
         });
     }
   }
@@ -965,7 +963,7 @@ async function recordEscrowEvent(
 async function writeClosingEvents(tx: Queryable, nowMs: number, escrow: EscrowRow, status: EscrowStatus, signature: string): Promise<void> {
   const base = {
     escrow_id: escrow.id, from_wallet: escrow.from_wallet_id, to_wallet: escrow.to_wallet, amount: formatUsdc(escrow.amount),
-    tx_signature: signature, timestamp: new Date(nowMs).toISOString(),
+    tx_signature: signature,
   };
   const both = (type: EventType, summary: string, payload: Record<string, unknown>) => recordEscrowEvent(tx, nowMs, escrow, type, summary, payload);
   if (escrow.closing === 'create') {
