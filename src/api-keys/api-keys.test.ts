@@ -307,6 +307,10 @@ describe('API keys', () => {
 
     const longest = await createKey({ name: 'x'.repeat(100), role: 'viewer' });
     assert.equal(longest.name.length, 100, 'a name of 100 characters is accepted');
+    // Characters, not UTF-16 units: 100 emoji are 100 characters, 101 are too many.
+    assert.equal((await createKey({ name: '🔑'.repeat(100), role: 'viewer' })).name, '🔑'.repeat(100));
+    const emojiTooLong = await t.request('POST', '/v1/api-keys', { body: { name: '🔑'.repeat(101), role: 'viewer' } });
+    assert.equal(emojiTooLong.body.error?.param, 'name');
 
     for (const [url, param] of [
       ['/v1/api-keys?limit=0', 'limit'], ['/v1/api-keys?limit=101', 'limit'], ['/v1/api-keys?cursor=garbage', 'cursor'],

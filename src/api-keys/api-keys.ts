@@ -79,7 +79,9 @@ export function apiKeyNotFound(apiKeyId: string): ServiceError {
 
 /** The route's schema already checks these; the CLI reaches the use-case without it. */
 function assertNewKey(input: { name: string; role: string }): asserts input is { name: string; role: Role } {
-  if (input.name.length < 1 || input.name.length > KEY_NAME_MAX || !KEY_NAME_REGEX.test(input.name)) {
+  // Characters as the schema counts them (code points: an emoji is one).
+  const chars = Array.from(input.name).length;
+  if (chars < 1 || chars > KEY_NAME_MAX || !KEY_NAME_REGEX.test(input.name)) {
     throw invalidRequest('name', `name must be 1 to ${KEY_NAME_MAX} characters, not blank, without control characters.`);
   }
   if (!(ROLES as readonly string[]).includes(input.role)) {

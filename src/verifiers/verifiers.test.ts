@@ -100,6 +100,9 @@ describe('verifiers API', () => {
     const bare = await create({ name: 'No URL' });
     assert.equal(bare.status, 200);
     assert.equal(bare.body.url, null);
+    // Characters, not UTF-16 units: 200 emoji are 200 characters.
+    const emoji = await create({ name: '😀'.repeat(200) });
+    assert.equal(emoji.status, 200, JSON.stringify(emoji.body));
     const before = (await t.request('GET', '/v1/verifiers?limit=100')).body.data.length;
     const cases: Array<[Record<string, unknown>, string]> = [
       [{ name: 'x', url: 'http://127.0.0.1:8080/' }, 'url'],
@@ -114,6 +117,7 @@ describe('verifiers API', () => {
       [{ name: '   ' }, 'name'],
       [{ name: 'tab\there' }, 'name'],
       [{ name: 'x'.repeat(201) }, 'name'],
+      [{ name: '😀'.repeat(201) }, 'name'],
       [{ url: 'https://example.com/' }, 'name'],
       [{ name: 'x', colour: 'red' }, 'colour'],
     ];

@@ -123,7 +123,9 @@ export interface NewVerifier {
 export async function createVerifier(
   q: Queryable, nowMs: number, orgId: string, input: NewVerifier, options: { allowPrivateUrls: boolean },
 ): Promise<VerifierRow> {
-  if (input.name.length < 1 || input.name.length > VERIFIER_NAME_MAX || !VERIFIER_NAME.test(input.name)) {
+  // Characters as the schema counts them (code points: an emoji is one).
+  const chars = Array.from(input.name).length;
+  if (chars < 1 || chars > VERIFIER_NAME_MAX || !VERIFIER_NAME.test(input.name)) {
     throw invalidRequest('name', `name must be 1–${VERIFIER_NAME_MAX} characters, not all blank, without control characters.`);
   }
   const url = input.url === undefined ? null : assertPublicUrl(input.url, { allowPrivate: options.allowPrivateUrls, param: 'url' }).href;
