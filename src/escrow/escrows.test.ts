@@ -773,6 +773,10 @@ describe('escrow', () => {
     const decided = await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/resolve`, { key: serviceArbiter, body: { decision: 'refund' } });
     assert.equal(decided.status, 200, JSON.stringify(decided.body));
     assert.equal(decided.body.status, 'refunded');
+    // The decision sent again (its answer lost): told it is settled, not that the escrow is unknown.
+    const again = await t.request('POST', `/v1/payments/a2a/${disputed.escrow_id}/resolve`, { key: serviceArbiter, body: { decision: 'refund' } });
+    assert.deepEqual([again.status, again.body.error?.code], [422, 'escrow_already_settled'], JSON.stringify(again.body));
+    assert.equal((await t.request('GET', `/v1/payments/a2a/${disputed.escrow_id}`, { key: serviceArbiter })).body.status, 'refunded');
     assert.equal(await balanceOf(t, from.wallet_id, tenant.adminKey), '9.00', 'the 4.00 came back; 1.00 is still locked');
     const events = (await t.request('GET', `/v1/events?type=escrow.refunded&limit=100`, { key: tenant.adminKey })).body.data as Array<{ details: { escrow_id: string } }>;
     assert.ok(events.some((e) => e.details.escrow_id === disputed.escrow_id), 'the tenant is told');

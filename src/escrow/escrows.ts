@@ -97,11 +97,12 @@ export function escrowNotFound(escrowId: string): ServiceError {
 
 /**
  * An escrow the organisation takes part in, as requester or as receiver; others answer 404. The
- * service's arbiters (`serviceArbiter`) see every disputed escrow too.
+ * service's arbiters (`serviceArbiter`) see every disputed escrow too, and keep seeing it once
+ * decided (`dispute` stays set), so that a decision sent again is told it is settled, not 404.
  */
 export async function getEscrow(q: Queryable, orgId: string, escrowId: string, options: { serviceArbiter?: boolean } = {}): Promise<EscrowRow> {
   const [row] = await q.query<EscrowRow>(
-    `SELECT * FROM escrows WHERE id = $1 AND (org_id = $2 OR receiver_org_id = $2${options.serviceArbiter ? ` OR status = 'disputed'` : ''})`,
+    `SELECT * FROM escrows WHERE id = $1 AND (org_id = $2 OR receiver_org_id = $2${options.serviceArbiter ? ' OR dispute IS NOT NULL' : ''})`,
     [escrowId, orgId]);
   if (!row) throw escrowNotFound(escrowId);
   return row;
