@@ -118,6 +118,27 @@ export function describeRpcSuite(name: string, setup: () => Promise<SuiteContext
       assert.equal(many.length, 2);
       assert.ok(many[0]);
       assert.equal(many[1], null);
+      // jsonParsed, as a cluster answers it: the token account and the mint parsed; an account of
+      // another program falls back to base64.
+      const parsed = (await ctx.rpc.getAccountInfo(destination, { encoding: 'jsonParsed' }).send()).value;
+      assert.deepEqual(parsed?.data, {
+        program: 'spl-token', space: 165n,
+        parsed: {
+          type: 'account',
+          info: {
+            isNative: false, mint: info.usdcMint, owner: recipient, state: 'initialized',
+            tokenAmount: { amount: '1250000', decimals: 6, uiAmount: 1.25, uiAmountString: '1.25' },
+          },
+        },
+      });
+      const mint = (await ctx.rpc.getAccountInfo(info.usdcMint, { encoding: 'jsonParsed' }).send()).value;
+      const mintInfo = (mint?.data as { parsed: { type: string; info: Record<string, unknown> } }).parsed;
+      assert.equal(mintInfo.type, 'mint');
+      assert.deepEqual([mintInfo.info.decimals, mintInfo.info.isInitialized, mintInfo.info.freezeAuthority], [6, true, null]);
+      assert.match(String(mintInfo.info.supply), /^\d+$/);
+      assert.ok(BigInt(String(mintInfo.info.supply)) >= 5_000_000n, 'the supply counts what was minted');
+      const system = (await ctx.rpc.getAccountInfo(payer.address, { encoding: 'jsonParsed' }).send()).value;
+      assert.deepEqual(system?.data, ['', 'base64']);
     });
 
     it('refuses an unknown method with -32601', async () => {

@@ -19,8 +19,10 @@ import {
   ValidatorBusyError,
   ValidatorHaltedError,
   ValidatorClosedError,
+  TOKEN_PROGRAM,
   type SimulationResult,
 } from './validator.ts';
+import { parseTokenProgramAccount, tokenAmount } from './parsed-accounts.ts';
 import { parseWireTransaction } from './wire.ts';
 
 /**
@@ -52,6 +54,8 @@ export const MAX_RESPONSE_BYTES = 64 * 1024 * 1024;
 export const MAX_SIGNATURES_FOR_ADDRESS = 1_000;
 /** Real nodes refuse base58 account data beyond this. */
 const MAX_BASE58_DATA_BYTES = 128;
+/** A mint's decimals: the byte after its authority (36) and supply (8). */
+const MINT_DECIMALS_OFFSET = 44;
 const U64_MAX = (1n << 64n) - 1n;
 
 export const JSON_RPC_ERRORS = {
@@ -413,8 +417,12 @@ export class RpcHandler {
     }
     const encoding = config['encoding'];
     let encoded: unknown;
-    // jsonParsed falls back to base64, as a real node does for accounts it cannot parse.
-    if (encoding === 'base64' || encoding === 'jsonParsed') encoded = [base64(data), 'base64'];
+    // jsonParsed: token accounts and mints parsed (whole, not sliced); any other account falls
+    // back to base64, as a real node does for accounts it cannot parse.
+    const parsed = encoding === 'jsonParsed' && data === account.data && account.owner === TOKEN_PROGRAM
+      ? parseTokenProgramAccount(data, (mint) => this.#validator.getAccount(mint)?.data[MINT_DECIMALS_OFFSET] ?? 0) : null;
+    if (parsed) encoded = parsed;
+    else if (encoding === 'base64' || encoding === 'jsonParsed') encoded = [base64(data), 'base64'];
     else if (encoding === 'base58' || encoding === undefined || encoding === null || encoding === 'binary') {
       if (data.length > MAX_BASE58_DATA_BYTES) {
         throw new RpcError(JSON_RPC_ERRORS.invalidRequest,
@@ -610,14 +618,6 @@ function tokenBalanceJson(balance: TokenBalance): Record<string, unknown> {
     accountIndex: balance.accountIndex, mint: encodeBase58(balance.mint), owner: encodeBase58(balance.owner), programId: balance.programId,
     uiTokenAmount: tokenAmount(balance.amount, balance.decimals),
   };
-}
-
-function tokenAmount(amount: bigint, decimals: number): Record<string, unknown> {
-  const text = amount.toString().padStart(decimals + 1, '0');
-  const whole = text.slice(0, text.length - decimals);
-  const fraction = decimals > 0 ? text.slice(text.length - decimals).replace(/0+$/, '') : '';
-  const uiAmountString = fraction ? `${whole}.${fraction}` : whole;
-  return { amount: amount.toString(), decimals, uiAmount: Number(uiAmountString), uiAmountString };
 }
 
 export function createRpcHandler(validator: LocalValidator, options: RpcHandlerOptions = {}): RpcHandler {
