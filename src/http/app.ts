@@ -102,6 +102,15 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   // Past it, Node closes each new connection as it arrives: the ones open keep working, and the
   // process keeps the file descriptors its database and chain connections need.
   app.server.maxConnections = ctx.config.maxConnections;
+  // Answered by Node itself, outside Fastify, unless listened for: an `Expect` other than
+  // 100-continue (a bare 417) and CONNECT (the socket closed without a word). The API's error shape.
+  app.server.on('checkExpectation', (request: IncomingMessage, response: ServerResponse) => {
+    const answer = rawErrorAnswer(ctx, 417, 'expect', `Expect: ${String(request.headers.expect).slice(0, 100)} is not one this API meets (only 100-continue).`);
+    response.writeHead(answer.status, answer.headers).end(answer.body);
+  });
+  app.server.on('connect', (_request: IncomingMessage, socket: Duplex) => {
+    socket.end(rawErrorAnswer(ctx, 400, 'method', 'CONNECT is not a method of this API.').text);
+  });
 
   // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused
   // as "must be object" instead of asking for the content type the API takes.
@@ -365,14 +374,26 @@ function answerClientError(ctx: AppContext, error: Error & { code?: string }, so
       : error.code === 'HPE_HEADER_OVERFLOW'
         ? [431, 'headers', 'The request\'s headers are larger than 16 KiB.']
         : [400, 'request', 'The request is not valid HTTP.'];
-    const requestId = newId('req', Date.now());
-    const body = JSON.stringify({
-      error: { code: 'invalid_request', message, docs: docsLink(ctx, 'invalid_request'), request_id: requestId, param },
-    });
-    socket.write(`HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json; charset=utf-8\r\n`
-      + `Content-Length: ${Buffer.byteLength(body)}\r\nRequest-Id: ${requestId}\r\nConnection: close\r\n\r\n${body}`);
+    socket.write(rawErrorAnswer(ctx, status, param, message).text);
   }
   socket.destroy(error);
+}
+
+/**
+ * An `invalid_request` answered outside Fastify (Node's parser, its timeouts, its own handling of
+ * `Expect` and CONNECT), in the API's error shape, with a request id and `Connection: close`:
+ * its status, headers and body, and the whole answer as HTTP/1.1 text for a bare socket.
+ */
+function rawErrorAnswer(ctx: AppContext, status: number, param: string, message: string) {
+  const requestId = newId('req', Date.now());
+  const body = JSON.stringify({
+    error: { code: 'invalid_request', message, docs: docsLink(ctx, 'invalid_request'), request_id: requestId, param },
+  });
+  const headers = {
+    'Content-Type': 'application/json; charset=utf-8', 'Content-Length': String(Buffer.byteLength(body)), 'Request-Id': requestId, Connection: 'close',
+  };
+  const text = `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\n${Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('')}\r\n${body}`;
+  return { status, headers, body, text };
 }
 
 function docsLink(ctx: AppContext, code: ErrorCode): string {

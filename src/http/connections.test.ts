@@ -118,6 +118,21 @@ describe('HTTP connections', () => {
     assert.deepEqual([answer.body.error.code, answer.body.error.param], ['invalid_request', 'headers']);
     assert.equal(answer.headers['request-id'], answer.body.error.request_id);
   });
+
+  test('an Expect other than 100-continue and a CONNECT are answered in the API\'s shape, nothing done', async () => {
+    const before = (await t.request('GET', '/v1/organization')).body.reserve.usdc_balance;
+    const expect = await exchange(port, 'POST /v1/test_helpers/deposits HTTP/1.1\r\nHost: localhost\r\n'
+      + `Authorization: Bearer ${ADMIN_KEY}\r\nExpect: foo\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{"amount":"1"}`);
+    assert.equal(expect.status, 417, JSON.stringify(expect));
+    assert.deepEqual([expect.body.error.code, expect.body.error.param], ['invalid_request', 'expect']);
+    assert.equal(expect.headers['request-id'], expect.body.error.request_id);
+    assert.equal(expect.headers['content-type'], 'application/json; charset=utf-8');
+    const tunnel = await exchange(port, `CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n\r\n`);
+    assert.equal(tunnel.status, 400, JSON.stringify(tunnel));
+    assert.deepEqual([tunnel.body.error.code, tunnel.body.error.param], ['invalid_request', 'method']);
+    assert.equal(tunnel.headers['request-id'], tunnel.body.error.request_id);
+    assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, before, 'no deposit was made');
+  });
 });
 
 describe('HTTP connections at the most allowed', () => {
