@@ -480,6 +480,7 @@ async function recordPayments(ctx: Ctx, items: readonly PaymentToRecord[]): Prom
         policyId: wallet.policy_id, memo: input.memo, attestationHash: item.attestation,
         signature: awaiting ? null : item.prepared.signature,
         lastValidBlockHeight: awaiting ? null : item.prepared.lastValidBlockHeight,
+        wire: awaiting ? null : item.prepared.wire,
         recipientAddress: recipient.address, category: recipient.category, policyTriggered: awaiting,
         // The threshold it is above, kept: a rejection or an expiry names the rule that made it wait.
         // So are the categories its address had (the view shows neither): the approval judges the
@@ -730,10 +731,10 @@ export async function approvePayment(ctx: Ctx, orgId: string, txId: string, appr
       if (wallet.balance < row.amount) throw insufficientBalance(wallet, row.amount);
       await tx.query(
         `UPDATE transactions SET tx_signature = $2, last_valid_block_height = $3, approval = approval || $4::jsonb,
-           approval_expires_at = NULL, updated_at = $5, spend_at_ms = $6, policy_id = $7 WHERE id = $1`,
+           approval_expires_at = NULL, updated_at = $5, spend_at_ms = $6, policy_id = $7, wire = $8 WHERE id = $1`,
         [txId, prepared.signature, prepared.lastValidBlockHeight,
           JSON.stringify({ status: 'approved', decided_by: approverKeyId, decided_at: new Date(nowMs).toISOString() }), new Date(nowMs), nowMs,
-          wallet.policy_id]);
+          wallet.policy_id, prepared.wire]);
       await commitSpend(tx, nowMs, wallet, row.amount, windows);
       await recordEvent(tx, nowMs, pendingEventOf({
         id: row.id, orgId: row.org_id, walletId: row.wallet_id!, amount: row.amount, recipient: row.recipient, signature: prepared.signature,

@@ -12,7 +12,7 @@
  * Lock order, everywhere: organisation rows before wallet rows, each by id. A settlement
  * batch locks the organisations whose reserve it moves before any wallet.
  */
-import type { Signature } from '@solana/kit';
+import type { Base64EncodedWireTransaction, Signature } from '@solana/kit';
 import type { PreparedTransaction, TransactionOutcome } from '../chain/client.ts';
 import type { Database, Queryable } from '../db/database.ts';
 import { GroupCommit } from '../db/group-commit.ts';
@@ -74,6 +74,8 @@ export interface NewTransaction {
   attestationHash?: string | null;
   signature: string | null;
   lastValidBlockHeight: bigint | null;
+  /** the signed transaction (base64), kept while pending so that the reconciler can send it again */
+  wire?: string | null;
   batchId?: string | null;
   /** the escrow an escrow or A2A transaction belongs to */
   escrowId?: string | null;
@@ -119,7 +121,7 @@ export function insertTransactionsSql(
   const column = (type: string, pick: (t: NewTransaction) => unknown) => params.array(type, list.map(pick));
   const columns = `id, org_id, wallet_id, type, status, amount, recipient, policy_id, memo, attestation_hash,
        tx_signature, last_valid_block_height, batch_id, escrow_id, recipient_address, category, policy_triggered, approval,
-       approval_expires_at, spend_at_ms, violation, attested_at`;
+       approval_expires_at, spend_at_ms, violation, attested_at, wire`;
   // A row recorded already final (a spend the policy blocked) is settled when it is recorded.
   const sql = `INSERT INTO transactions (${columns}, created_at, updated_at, settled_at)
      SELECT r.*, ${now}::timestamptz, ${now}::timestamptz, CASE WHEN r.status = 'pending' THEN NULL ELSE ${now}::timestamptz END FROM unnest(${params.array('text', ids)}, ${column('text', (t) => t.orgId)},
@@ -131,7 +133,8 @@ export function insertTransactionsSql(
        ${column('text', (t) => t.category ?? null)}, ${column('boolean', (t) => t.policyTriggered ?? false)},
        ${column('jsonb', (t) => json(t.approval))}, ${column('timestamptz', (t) => t.approvalExpiresAt?.toISOString() ?? null)},
        ${column('bigint', (t) => text(t.spendAtMs))}, ${column('jsonb', (t) => json(t.violation))},
-       ${column('timestamptz', (t) => (t.attestedAtMs === undefined ? null : new Date(t.attestedAtMs).toISOString()))})
+       ${column('timestamptz', (t) => (t.attestedAtMs === undefined ? null : new Date(t.attestedAtMs).toISOString()))},
+       ${column('text', (t) => t.wire ?? null)})
        AS r(${columns})`;
   return {
     sql,
@@ -285,7 +288,8 @@ export async function settleSignatures(
   const unique = [...bySignature.values()];
   return db.transaction(async (tx) => {
     const rows = await tx.query<TransactionRow>(
-      `UPDATE transactions t SET status = s.status, on_chain_slot = s.slot, failure_reason = s.reason, settled_at = s.at, updated_at = s.at
+      `UPDATE transactions t SET status = s.status, on_chain_slot = s.slot, failure_reason = s.reason, settled_at = s.at, updated_at = s.at,
+         wire = NULL
        FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[]) AS s(signature, status, slot, reason, at)
        WHERE t.tx_signature = s.signature AND t.status = 'pending' RETURNING t.*`,
       [unique.map((s) => s.signature), unique.map((s) => (s.outcome.err ? 'failed' : 'confirmed')),
@@ -533,12 +537,16 @@ const STATUS_BATCH_MAX = 256;
 /**
  * Settles every pending transaction from the chain (after a crash, a timeout, a lost
  * response): executed → settled with its outcome; never executed and past its last valid
- * block height → failed (it can never land). Returns how many rows were settled.
+ * block height → failed (it can never land). One the chain has not seen and that can still land
+ * is sent again from its stored bytes: a process stopped between recording it and sending it,
+ * or the embedded validator's unsealed slot lost with the process, does not make an acknowledged
+ * payment fail. The chain runs a signature once, so a send it already has changes nothing.
+ * Returns how many rows were settled.
  */
 export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'clock'>, graceMs = RECONCILE_GRACE_MS): Promise<number> {
   const nowMs = ctx.clock.nowMs();
-  const pending = await ctx.db.query<{ tx_signature: string; last_valid_block_height: bigint | null }>(
-    `SELECT tx_signature, MAX(last_valid_block_height) AS last_valid_block_height FROM transactions
+  const pending = await ctx.db.query<{ tx_signature: string; last_valid_block_height: bigint | null; wire: string | null }>(
+    `SELECT tx_signature, MAX(last_valid_block_height) AS last_valid_block_height, MAX(wire) AS wire FROM transactions
      WHERE status = 'pending' AND tx_signature IS NOT NULL AND created_at < $1
      GROUP BY tx_signature ORDER BY MIN(created_at) LIMIT ${RECONCILE_BATCH_MAX}`,
     [new Date(nowMs - graceMs)]);
@@ -548,6 +556,7 @@ export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'c
   for (let start = 0; start < pending.length; start += STATUS_BATCH_MAX) {
     const batch = pending.slice(start, start + STATUS_BATCH_MAX);
     const outcomes = await ctx.chain.getOutcomes(batch.map((row) => row.tx_signature as Signature));
+    const resends: Promise<unknown>[] = [];
     for (const [index, row] of batch.entries()) {
       const outcome = outcomes[index];
       if (outcome) {
@@ -555,8 +564,14 @@ export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'c
       } else if (row.last_valid_block_height !== null && blockHeight > row.last_valid_block_height + EXPIRY_MARGIN_BLOCKS) {
         settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature,
           { slot: null, err: { name: EXPIRED } })).length;
+      } else if (row.wire !== null && row.last_valid_block_height !== null && blockHeight <= row.last_valid_block_height) {
+        // Refused (its blockhash gone meanwhile, the chain unreachable): the next run asks again.
+        resends.push(ctx.chain.submit({
+          signature: row.tx_signature as Signature, wire: row.wire as Base64EncodedWireTransaction, lastValidBlockHeight: row.last_valid_block_height,
+        }).catch(() => {}));
       }
     }
+    await Promise.all(resends);
   }
   return settled;
 }

@@ -503,6 +503,29 @@ describe('crash recovery', () => {
     await assertIndexEqualsChainAndConserved(t);
   });
 
+  test('a funding recorded with its signed bytes but never sent (a crash before the send) is sent by the reconciler and lands', async () => {
+    await deposit(t, '3');
+    const wallet = await newWallet(t);
+    const { ctx } = t.service;
+    const [row] = await ctx.db.query<{ agent_id: string }>('SELECT agent_id FROM wallets WHERE id = $1', [wallet.wallet_id]);
+    const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, 3_000_000n)]);
+    const recorded = await ctx.db.transaction(async (tx) => {
+      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 3000000 WHERE id = $1', [t.orgId]);
+      return insertTransaction(tx, ctx.clock.nowMs(), {
+        orgId: t.orgId, walletId: wallet.wallet_id, type: 'funding', amount: 3_000_000n, recipient: wallet.chain_address,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, wire: prepared.wire,
+      });
+    });
+    assert.deepEqual(await ctx.chain.getOutcomes([prepared.signature]), [null], 'the chain never saw it');
+    assert.equal(await reconcilePending(ctx, 0), 0, 'nothing to settle yet: it was sent');
+    assert.equal((await ctx.chain.waitForOutcome(prepared.signature))?.err, null, 'it landed');
+    assert.equal(await reconcilePending(ctx, 0), 1);
+    const [settled] = await ctx.db.query<{ status: string; wire: string | null }>('SELECT status, wire FROM transactions WHERE id = $1', [recorded.id]);
+    assert.deepEqual({ ...settled }, { status: 'confirmed', wire: null }, 'confirmed, its bytes no longer kept');
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '3.00');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
   test('a funding recorded but never sent fails once it can no longer land, and the reserve gets it back', async () => {
     const wallet = await newWallet(t);
     const { ctx } = t.service;

@@ -124,7 +124,7 @@ export async function fundWallets(
       }
       rows.push(await insertTransaction(tx, nowMs, {
         id: txIds.get(wallet.id)!, orgId, walletId: wallet.id, type: 'funding', amount: allocation.amount, recipient: wallet.chain_address,
-        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, batchId, memo: options.memo ?? null,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, wire: prepared.wire, batchId, memo: options.memo ?? null,
       }));
     }
     await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - $2 WHERE id = $1', [orgId, total]);
@@ -190,7 +190,7 @@ export async function withdrawFromWallet(
       const org = await tx.query<{ reserve_address: string }>('SELECT reserve_address FROM organizations WHERE id = $1', [orgId]);
       const row = await insertTransaction(tx, ctx.clock.nowMs(), {
         id: txId, orgId, walletId, type: 'withdrawal', amount: wanted, recipient: org[0]!.reserve_address,
-        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, wire: prepared.wire,
       });
       await mark?.(tx, prepared.signature);
       return row;

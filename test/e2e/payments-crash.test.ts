@@ -6,16 +6,18 @@
  * shows are the chain's.
  *
  * A. The embedded validator dies with the service: what it had queued or executed but not yet
- *    persisted is gone, so those payments can only fail (once their blockhash expired) and give
- *    their amount back; what it persisted is confirmed by the reconciler.
+ *    persisted is gone with it. The reconciler sends those payments again from their recorded
+ *    bytes (their blockhashes still valid: long slots), so every payment ends confirmed, none
+ *    twice; what the validator persisted is confirmed as it is.
  * B. An external validator keeps running: every payment the service acknowledged was submitted
- *    and lands, so it ends confirmed; one recorded but not yet sent at the kill fails on expiry.
+ *    and lands, so it ends confirmed; one recorded but not yet sent at the kill is sent again by
+ *    the reconciler if its blockhash is still valid, and fails on expiry if not (short slots).
  *
  * PGlite under the data dir by default; a fresh PostgreSQL database when DATABASE_URL is set.
  *
  * Recovery is the `transactions.reconcile` job (every 2 s, rows older than 10 s): a payment the
- * chain ran is settled then; one it never ran only once its blockhash expired (150 slots), which
- * is why the chains here use short slots after the kill.
+ * chain ran is settled then; one it never ran is sent again while its blockhash is valid, and
+ * failed once it expired (150 slots).
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -368,10 +370,10 @@ async function runScenario(t: TestContext, external: boolean): Promise<void> {
     await load.done;
     t.diagnostic(`killed with ${load.acknowledged.size} payments acknowledged, ${pendingAtKill.length}+ pending`);
 
-    // A: the restarted embedded validator keeps the chain but uses short slots, so what it lost
-    // with the process expires in seconds rather than 150 × 1.5 s.
+    // A: the restarted embedded validator keeps the chain and its slots, so what it lost with the
+    // process can still land when the reconciler sends it again.
     const restartedAtMs = Date.now();
-    const second = await startServe(dataDir, database.url, validator ? chainEnv : { AGENT_VAULT_SLOT_MS: '50' });
+    const second = await startServe(dataDir, database.url, chainEnv);
     processes.push(second.child);
     const recoveryMs = await awaitReconciled(second.baseUrl);
     t.diagnostic(`all pending settled ${recoveryMs} ms after the restart was listening (${Date.now() - restartedAtMs} ms after spawn)`);
@@ -380,11 +382,14 @@ async function runScenario(t: TestContext, external: boolean): Promise<void> {
     assertSettled(observed, load.acknowledged, restartedAtMs, pendingAtKill);
     const count = (status: string) => observed.payments.filter((p) => p.status === status).length;
     t.diagnostic(`${observed.payments.length} payments: ${count('confirmed')} confirmed, ${count('failed')} failed`);
-    if (external) {
-      for (const txId of load.acknowledged.keys()) {
-        assert.equal(observed.payments.find((p) => p.tx_id === txId)!.status, 'confirmed',
-          `acknowledged payment ${txId} was submitted before the kill, and the running chain landed it`);
-      }
+    for (const txId of load.acknowledged.keys()) {
+      assert.equal(observed.payments.find((p) => p.tx_id === txId)!.status, 'confirmed', external
+        ? `acknowledged payment ${txId} was submitted before the kill, and the running chain landed it`
+        : `acknowledged payment ${txId}, lost with the embedded validator or not, was landed by the reconciler`);
+    }
+    if (!external) {
+      assert.deepEqual(observed.payments.filter((p) => p.status !== 'confirmed').map((p) => p.tx_id), [],
+        'every recorded payment landed: the reconciler sent again what the chain lost or never got');
     }
 
     if (validator) {
