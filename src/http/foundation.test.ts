@@ -373,6 +373,11 @@ describe('test helpers', () => {
     assert.equal(moved.body.error.code, 'insufficient_permissions');
     assert.match(moved.body.error.message, /default organisation/);
     assert.equal((await t.request('GET', '/v1/test_helpers/clock')).body.offset_seconds, before, 'the clock did not move');
+    // Refused whatever the body: a key that may not move it learns nothing of its request's validity.
+    for (const body of [{}, { seconds: 0 }, { seconds: 'soon' }]) {
+      const malformed = await t.request('POST', '/v1/test_helpers/clock/advance', { key: other.adminKey, body });
+      assert.deepEqual([malformed.status, malformed.body.error?.code], [403, 'insufficient_permissions'], JSON.stringify(body));
+    }
     const deposit = await t.request('POST', '/v1/test_helpers/deposits', { key: other.adminKey, body: { amount: '1' } });
     assert.equal(deposit.status, 200, 'deposits into its own reserve stay open to every organisation');
   });

@@ -69,6 +69,16 @@ export function testHelperRoutes(app: App, ctx: AppContext): void {
 
   app.post('/v1/test_helpers/clock/advance', {
     config: { permission: 'test_helpers' },
+    // The service clock is every organisation's: only the default (bootstrap) organisation, the
+    // one running the service, may move it. Refused before the body is validated, as a missing
+    // permission is: a key that may not move it learns nothing of its request's validity.
+    preValidation: async (request) => {
+      const org = await getOrganization(ctx.db, principalOf(request).orgId);
+      if (!org?.is_default) {
+        throw new ServiceError('insufficient_permissions',
+          'The service clock is shared by every organisation: only keys of the default organisation may move it.');
+      }
+    },
     schema: {
       tags: ['Test helpers'],
       summary: 'Move the service clock (and the chain\'s clock) forward',
@@ -81,13 +91,6 @@ export function testHelperRoutes(app: App, ctx: AppContext): void {
       response: { 200: ClockView },
     },
   }, async (request) => {
-    // The service clock is every organisation's: only the default (bootstrap) organisation, the
-    // one running the service, may move it.
-    const org = await getOrganization(ctx.db, principalOf(request).orgId);
-    if (!org?.is_default) {
-      throw new ServiceError('insufficient_permissions',
-        'The service clock is shared by every organisation: only keys of the default organisation may move it.');
-    }
     const { seconds } = request.body;
     if (await ctx.clock.advanceBy(seconds, CLOCK_OFFSET_MAX_MS) === null) {
       await ctx.clock.refresh();
