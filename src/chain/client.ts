@@ -90,6 +90,17 @@ export class ConfirmationTimeoutError extends Error {
   }
 }
 
+/**
+ * `prepare` found no blockhash in time that makes the transaction differ from an identical one
+ * it prepared before (several identical requests at once: one blockhash each, one a slot).
+ */
+export class NoDistinctBlockhashError extends Error {
+  constructor() {
+    super('no new blockhash to make this transaction distinct from an earlier identical one');
+    this.name = 'NoDistinctBlockhashError';
+  }
+}
+
 /** Turns a transaction error as JSON-RPC reports it into something the service can branch on. */
 export function parseChainError(raw: unknown): ChainError {
   if (raw && typeof raw === 'object' && 'InstructionError' in raw) {
@@ -426,7 +437,7 @@ export class ChainClient {
       this.#blockhash = null;
       if (attempt > 0) await new Promise((resolve) => setTimeout(resolve, PREPARE_RETRY_MS));
     }
-    throw new Error('no new blockhash to make this transaction distinct from an earlier identical one');
+    throw new NoDistinctBlockhashError();
   }
 
   async #sign(instructions: readonly Instruction[],

@@ -249,9 +249,10 @@ export class LeaseLostError extends ServiceError {
 /** Sends an idempotent outcome, marking a replay with `Idempotency-Replayed: true`. */
 export function sendIdempotent(reply: FastifyReply, result: IdempotentResponse): FastifyReply {
   if (result.replayed) reply.header('Idempotency-Replayed', 'true');
-  // A stored answer is the first answer, byte for byte: one a process of an earlier version
-  // stored may lack a field today's schema requires, which its serializer would refuse (a 500
-  // on every retry of the key for 24 hours).
+  // A stored answer is the first answer, equal as JSON (stored as jsonb, its fields may come in
+  // another order), sent as stored: one a process of an earlier version stored may lack a field
+  // today's schema requires, which its serializer would refuse (a 500 on every retry of the key
+  // for 24 hours).
   if (result.stored) reply.type('application/json; charset=utf-8').serializer((payload: unknown) => JSON.stringify(payload));
   return reply.code(result.status).send(result.body);
 }

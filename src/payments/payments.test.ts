@@ -407,6 +407,23 @@ describe('payments', () => {
     assert.deepEqual(gambling.body.error.violation, { rule: 'blocked_categories', limit: 'gambling', attempted: 'gambling' });
   });
 
+  test('many approvals of one payment at once: one approves it, the others are told it is decided or being decided, none fails', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '1' });
+    const wallet = await fundedWallet(t, '10', policyId);
+    const awaiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' } });
+    assert.equal(awaiting.body.approval?.status, 'awaiting', JSON.stringify(awaiting.body));
+    // Each signs the same transaction before any takes the row's lock: one blockhash each, and
+    // the chain makes one a slot, so the last ones run out of time to find theirs.
+    const clicks = await Promise.all(Array.from({ length: 14 }, () => t.request('POST', `/v1/payments/${awaiting.body.tx_id}/approve`)));
+    const statuses = clicks.map((click) => click.status);
+    assert.equal(statuses.filter((status) => status === 200).length, 1, JSON.stringify(statuses));
+    for (const click of clicks.filter((c) => c.status !== 200)) {
+      assert.ok([400, 503].includes(click.status), JSON.stringify(click.body));
+      if (click.status === 503) assert.ok(Number(click.headers['retry-after']) >= 1, 'told when to ask again');
+    }
+    assert.equal(await balanceOf(t, wallet.wallet_id), '8.00', 'debited once');
+  });
+
   test('above the co-sign threshold a payment waits for an operator; approve sends it, reject blocks it', async () => {
     const policyId = await newPolicy(t, { requireCoSign: '3' });
     const wallet = await fundedWallet(t, '20', policyId);

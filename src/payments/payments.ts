@@ -16,11 +16,11 @@ import type { Instruction } from '@solana/kit';
 import { assertActingKeyLive } from '../api-keys/api-keys.ts';
 import { alertPolicyViolation, largeTransactionAlerts } from '../automation/automation.ts';
 import { toAddress } from '../chain/base58.ts';
-import { referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
+import { NoDistinctBlockhashError, referenceMemoIx, type PreparedTransaction } from '../chain/client.ts';
 import type { Database, Queryable, Transaction } from '../db/database.ts';
 import { GroupCommit, type BatchOutcome } from '../db/group-commit.ts';
 import { Params } from '../db/params.ts';
-import { ServiceError } from '../errors/errors.ts';
+import { retryShortly, ServiceError } from '../errors/errors.ts';
 import { recordEvent, recordEvents, recordEventsSql, type NewEvent } from '../events/events.ts';
 import type { AppContext } from '../http/context.ts';
 import { invalidKeyError } from '../http/auth.ts';
@@ -682,14 +682,27 @@ async function lockAwaiting(tx: Queryable, orgId: string, txId: string): Promise
  * while the chain is down is 400, not 503), and again under its row's lock.
  */
 export async function approvePayment(ctx: Ctx, orgId: string, txId: string, approverKeyId: string, options: { wait: boolean }): Promise<PaymentOutcome> {
-  for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
+  const awaiting = async () => {
     const [pending] = await ctx.db.query<AwaitingRow>(
       `SELECT * FROM transactions WHERE org_id = $1 AND id = $2 AND type = 'payment'`, [orgId, txId]);
     if (!pending) throw notFound(txId);
     assertAwaiting(pending, txId);
+    return pending;
+  };
+  for (let attempt = 0; attempt < SIGN_ATTEMPTS_MAX; attempt += 1) {
+    const pending = await awaiting();
     const [unlocked] = await ctx.db.query<WalletRow>('SELECT * FROM wallets WHERE org_id = $1 AND id = $2', [orgId, pending.wallet_id]);
-    const prepared = await ctx.chain.prepare(
-      await payInstructions(ctx, unlocked!, txId, pending.recipient_address, pending.amount, pending.attestation_hash!));
+    let prepared: PreparedTransaction;
+    try {
+      prepared = await ctx.chain.prepare(
+        await payInstructions(ctx, unlocked!, txId, pending.recipient_address, pending.amount, pending.attestation_hash!));
+    } catch (error) {
+      // Many clicks at once sign the same transaction, one blockhash each: by the time one runs
+      // out of them, another has decided the payment (400 as a second click), or is deciding it.
+      if (!(error instanceof NoDistinctBlockhashError)) throw error;
+      await awaiting();
+      throw retryShortly(`Payment ${txId} is being approved by another request; ask again in a second.`, 1);
+    }
 
     const decided = await ctx.db.transaction(async (tx) => {
       // The payment's row, then its vault's: the lock order above.
