@@ -188,17 +188,18 @@ export interface TransactionFilter {
 
 /**
  * The conditions of a transaction filter, for a list's page or a count. A filter on a type other
- * than `payment`, or a status other than `confirmed` and `pending`, also states that as a
- * literal: the partial indexes for them (migration 0025) leave those values out, and a plan made
- * for any value of the parameter (PostgreSQL's generic plan, chosen after a prepared
- * statement's fifth run) could not use them otherwise.
+ * than `payment`, or a status other than `confirmed`, also states that as a literal: the partial
+ * indexes for them (migrations 0025 and 0047) leave the other values out, and a plan made for any
+ * value of the parameter (PostgreSQL's generic plan, chosen after a prepared statement's fifth
+ * run) could not use them otherwise.
  */
 export function transactionConditions(orgId: string, filter: TransactionFilter): PageFilter {
   const where = new PageFilter().where((p) => `org_id = ${p}`, orgId);
   if (filter.walletId !== undefined) where.where((p) => `wallet_id = ${p}`, filter.walletId);
   if (filter.status !== undefined) {
     where.where((p) => `status = ${p}`, filter.status);
-    if (filter.status !== 'confirmed' && filter.status !== 'pending') where.whereSql(`status NOT IN ('confirmed', 'pending')`);
+    if (filter.status === 'pending') where.whereSql(`status = 'pending'`);
+    else if (filter.status !== 'confirmed') where.whereSql(`status NOT IN ('confirmed', 'pending')`);
   }
   if (filter.type !== undefined) {
     where.where((p) => `type = ${p}`, filter.type);

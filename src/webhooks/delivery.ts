@@ -958,7 +958,11 @@ export interface DeliveryFilter {
 export async function listDeliveries(q: Queryable, orgId: string, webhookId: string, page: PageRequest, filter: DeliveryFilter) {
   await getWebhook(q, orgId, webhookId);
   const where = new PageFilter().where((p) => `org_id = ${p}`, orgId).where((p) => `webhook_id = ${p}`, webhookId);
-  if (filter.status !== undefined) where.where((p) => `status = ${p}`, filter.status);
+  if (filter.status !== undefined) {
+    where.where((p) => `status = ${p}`, filter.status);
+    // Unsent ones are few: as a literal too, so that a generic plan reads their index (migration 0047).
+    if (filter.status === 'pending' || filter.status === 'paused') where.whereSql(`status IN ('pending', 'paused')`);
+  }
   if (filter.eventId !== undefined) where.where((p) => `event_id = ${p}`, filter.eventId);
   const { sql, params } = where.page(page);
   const rows = await q.query<DeliveryRow>(`SELECT * FROM webhook_deliveries ${sql}`, params);
