@@ -7,7 +7,7 @@ import type { Queryable } from '../db/database.ts';
 import { formatUsdc } from '../money/money.ts';
 import type { PolicyRules } from '../policies/presets.ts';
 import { DAY_MS, HOUR_MS, nextMonthStartMs, remainingBudgets } from './policy-engine.ts';
-import { spendStateOf, spendWindowsAt } from './spend-state.ts';
+import { spendStateOf, spendWindowsAt, type SpendWindows } from './spend-state.ts';
 
 const AmountOrNull = Type.Union([Type.String(), Type.Null()]);
 const TimeOrNull = Type.Union([Type.String(), Type.Null()]);
@@ -31,8 +31,9 @@ async function oldestSpendSince(q: Queryable, walletId: string, afterMs: number)
   return row?.oldest === null || row?.oldest === undefined ? null : Number(row.oldest);
 }
 
-export async function spendingOf(q: Queryable, walletId: string, rules: PolicyRules, nowMs: number) {
-  const windows = await spendWindowsAt(q, walletId, nowMs);
+/** `read`: the windows at `nowMs` when the caller has them already. */
+export async function spendingOf(q: Queryable, walletId: string, rules: PolicyRules, nowMs: number, read?: SpendWindows) {
+  const windows = read ?? await spendWindowsAt(q, walletId, nowMs);
   const budgets = remainingBudgets(rules, spendStateOf(windows));
   const amount = (value: bigint | null) => (value === null ? null : formatUsdc(value));
   const dayOldest = windows.day.count ? await oldestSpendSince(q, walletId, nowMs - DAY_MS) : null;

@@ -168,12 +168,20 @@ export function leavingRange(state: WindowState, atMs: number, windowMs: number)
 export function slideWindow(state: WindowState, atMs: number, windowMs: number, leaving: readonly Spend[]): WindowState {
   const range = leavingRange(state, atMs, windowMs);
   if (!range) return state;
-  let { sum, count } = state;
+  let sum = 0n;
   for (const spend of leaving) {
     if (spend.atMs <= range.afterMs || spend.atMs > range.throughMs) throw new RangeError('a leaving spend outside the range');
-    sum -= spend.amount;
-    count -= 1;
+    sum += spend.amount;
   }
+  return slideWindowBy(state, atMs, windowMs, { sum, count: leaving.length });
+}
+
+/** `slideWindow` given the leaving spends' total and number (summed where they are stored). */
+export function slideWindowBy(state: WindowState, atMs: number, windowMs: number, leaving: { sum: bigint; count: number }): WindowState {
+  const range = leavingRange(state, atMs, windowMs);
+  if (!range) return state;
+  const sum = state.sum - leaving.sum;
+  const count = state.count - leaving.count;
   if (sum < 0n || count < 0) throw new RangeError('window state went negative: spends were removed twice');
   return { sum, count, removedThroughMs: range.throughMs };
 }

@@ -169,7 +169,8 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
     const policy = await findPolicy(ctx.db, principal.orgId, wallet.policy_id, { includeDeleted: true });
     const rules = rulesOf(policy!);
     const nowMs = ctx.clock.nowMs();
-    const decision = evaluate(rules, spendStateOf(await spendWindowsAt(ctx.db, wallet.id, nowMs)), {
+    const windows = await spendWindowsAt(ctx.db, wallet.id, nowMs);
+    const decision = evaluate(rules, spendStateOf(windows), {
       amount, recipient: to, recipientAddress: recipient.address, category: recipient.category, categories: recipient.categories, atMs: nowMs,
     });
     // In the order paying refuses: frozen, the policy, the balance, then a co-signature the vault
@@ -185,7 +186,7 @@ export function paymentRoutes(app: App, ctx: AppContext): void {
       requires_approval: decision.allowed && decision.requiresApproval,
       wallet_id: wallet.id,
       usdc_balance: formatUsdc(wallet.balance),
-      spending: await spendingOf(ctx.db, wallet.id, rules, nowMs),
+      spending: await spendingOf(ctx.db, wallet.id, rules, nowMs, windows),
     };
   });
 

@@ -9,7 +9,7 @@
 import type { Queryable } from '../db/database.ts';
 import { Params } from '../db/params.ts';
 import {
-  DAY_MS, HOUR_MS, addToWindow, monthKey, slideWindow, type Spend, type SpendState, type WindowState,
+  DAY_MS, HOUR_MS, addToWindow, monthKey, slideWindowBy, type Spend, type SpendState, type WindowState,
 } from './policy-engine.ts';
 
 export interface SpendWindows {
@@ -19,6 +19,7 @@ export interface SpendWindows {
 }
 
 interface SpendWindowsRow {
+  wallet_id: string;
   day_sum: bigint;
   day_count: number;
   day_removed_through_ms: bigint;
@@ -30,35 +31,30 @@ interface SpendWindowsRow {
 }
 
 /**
- * The spends leaving the day or hour window of the row `s` (a lateral part of the read below):
- * those `leavingRange` names, made after the window last moved and no later than its new start
- * `throughMs` (a placeholder). `leaving` names the window.
+ * The total and number of the spends leaving the day or hour window of the row `s` (a lateral
+ * part of the read below): those `leavingRange` names, made after the window last moved and no
+ * later than its new start `throughMs` (a placeholder). Summed where they are stored: a vault
+ * that was busy and then went quiet has a whole day of spends leaving at once, which its reads
+ * (the wallet's view, a preflight) see until its next payment writes the window moved.
  */
-const leavingSpends = (window: 'day' | 'hour', throughMs: string): string =>
-  `SELECT '${window}' AS leaving, t.spend_at_ms, t.amount FROM transactions t
+const leavingTotal = (window: 'day' | 'hour', throughMs: string): string =>
+  `SELECT COALESCE(SUM(t.amount), 0)::bigint AS sum, COUNT(*)::int AS count FROM transactions t
    WHERE s.${window}_count > 0 AND t.wallet_id = s.wallet_id
      AND t.spend_at_ms > s.${window}_removed_through_ms AND t.spend_at_ms <= ${throughMs}::bigint`;
 
 /**
  * The windows of several vaults as they stand at `atMs` (moved forward; nothing written), in
- * one statement whatever the number of vaults: a stored row comes once for each spend leaving
- * its windows (once with none).
+ * one statement whatever the number of vaults, one row each.
  */
 export async function spendWindowsOf(q: Queryable, walletIds: readonly string[], atMs: number): Promise<Map<string, SpendWindows>> {
-  const rows = await q.query<SpendWindowsRow & { wallet_id: string; leaving: 'day' | 'hour' | null; spend_at_ms: bigint | null; amount: bigint | null }>(
-    `SELECT s.*, l.leaving, l.spend_at_ms, l.amount FROM spend_windows s
-     LEFT JOIN LATERAL (${leavingSpends('day', '$2')} UNION ALL ${leavingSpends('hour', '$3')}) l ON TRUE
+  const rows = await q.query<SpendWindowsRow & { day_leaving_sum: bigint; day_leaving_count: number; hour_leaving_sum: bigint; hour_leaving_count: number }>(
+    `SELECT s.*, d.sum AS day_leaving_sum, d.count AS day_leaving_count, h.sum AS hour_leaving_sum, h.count AS hour_leaving_count
+     FROM spend_windows s
+     CROSS JOIN LATERAL (${leavingTotal('day', '$2')}) d
+     CROSS JOIN LATERAL (${leavingTotal('hour', '$3')}) h
      WHERE s.wallet_id = ANY($1::text[])`,
     [walletIds, String(atMs - DAY_MS), String(atMs - HOUR_MS)]);
-  const stored = new Map<string, SpendWindowsRow>();
-  const leaving = new Map<string, Spend[]>();
-  for (const row of rows) {
-    stored.set(row.wallet_id, row);
-    if (row.leaving === null) continue;
-    const window = `${row.wallet_id}/${row.leaving}`;
-    if (!leaving.has(window)) leaving.set(window, []);
-    leaving.get(window)!.push({ atMs: Number(row.spend_at_ms), amount: row.amount! });
-  }
+  const stored = new Map(rows.map((row) => [row.wallet_id, row]));
   const key = monthKey(atMs);
   const windows = new Map<string, SpendWindows>();
   for (const walletId of new Set(walletIds)) {
@@ -66,8 +62,8 @@ export async function spendWindowsOf(q: Queryable, walletIds: readonly string[],
     const day: WindowState = { sum: row?.day_sum ?? 0n, count: row?.day_count ?? 0, removedThroughMs: Number(row?.day_removed_through_ms ?? 0n) };
     const hour: WindowState = { sum: row?.hour_sum ?? 0n, count: row?.hour_count ?? 0, removedThroughMs: Number(row?.hour_removed_through_ms ?? 0n) };
     windows.set(walletId, {
-      day: slideWindow(day, atMs, DAY_MS, leaving.get(`${walletId}/day`) ?? []),
-      hour: slideWindow(hour, atMs, HOUR_MS, leaving.get(`${walletId}/hour`) ?? []),
+      day: slideWindowBy(day, atMs, DAY_MS, { sum: row?.day_leaving_sum ?? 0n, count: row?.day_leaving_count ?? 0 }),
+      hour: slideWindowBy(hour, atMs, HOUR_MS, { sum: row?.hour_leaving_sum ?? 0n, count: row?.hour_leaving_count ?? 0 }),
       // A month key never moves back: a payment whose time was read before it waited for the
       // vault's lock, across the turn of a month, counts toward the month already begun.
       month: row && row.month_key >= key ? { key: row.month_key, sum: row.month_sum } : { key, sum: 0n },
