@@ -45,6 +45,8 @@ export const FAILURE_LOG_EVERY_MS = 60_000;
 
 /** The most a client may take to send its request's headers, within the whole request's time. */
 const HEADERS_TIMEOUT_MS = 10_000;
+/** A CONNECT socket (answered 400, outside the server's timeouts) is destroyed after this at the latest. */
+const CONNECT_CLOSE_MS = 5_000;
 /** A connection silent both ways this long is closed (see connectionTimeout below). */
 const CONNECTION_IDLE_MS = 120_000;
 
@@ -108,8 +110,19 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     const answer = rawErrorAnswer(ctx, 417, 'expect', `Expect: ${String(request.headers.expect).slice(0, 100)} is not one this API meets (only 100-continue).`);
     response.writeHead(answer.status, answer.headers).end(answer.body);
   });
+  // The socket is handed over without Node's error handler or timeouts: it gets its own, its
+  // answer after any earlier one it still owes (pipelined), and is destroyed once that is written
+  // or after CONNECT_CLOSE_MS, whatever the client does (a reset, a side left open).
   app.server.on('connect', (_request: IncomingMessage, socket: Duplex) => {
-    socket.end(rawErrorAnswer(ctx, 400, 'method', 'CONNECT is not a method of this API.').text);
+    socket.on('error', () => socket.destroy());
+    const cut = setTimeout(() => socket.destroy(), CONNECT_CLOSE_MS);
+    socket.once('close', () => clearTimeout(cut));
+    const answer = () => {
+      if (!socket.destroyed) socket.end(rawErrorAnswer(ctx, 400, 'method', 'CONNECT is not a method of this API.').text, () => socket.destroy());
+    };
+    const owed = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage;
+    if (owed && !owed.writableFinished) owed.once('finish', answer);
+    else answer();
   });
 
   // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused

@@ -132,6 +132,19 @@ describe('HTTP connections', () => {
     assert.deepEqual([tunnel.body.error.code, tunnel.body.error.param], ['invalid_request', 'method']);
     assert.equal(tunnel.headers['request-id'], tunnel.body.error.request_id);
     assert.equal((await t.request('GET', '/v1/organization')).body.reserve.usdc_balance, before, 'no deposit was made');
+
+    // A CONNECT socket is the process's own to guard: a client resetting it does not end the
+    // process, and one that keeps its side open is closed all the same.
+    const reset = connect(port, '127.0.0.1', () => reset.write('CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'));
+    reset.on('error', () => {});
+    await once(reset, 'data');
+    reset.resetAndDestroy();
+    const held = connect({ port, host: '127.0.0.1', allowHalfOpen: true }, () => held.write('CONNECT a:1 HTTP/1.1\r\nHost: a:1\r\n\r\n'));
+    held.on('error', () => {});
+    held.resume();
+    await once(held, 'end'); // the server's side closed, though this one stays open
+    held.destroy();
+    assert.equal((await t.request('GET', '/healthz')).status, 200, 'still serving');
   });
 });
 
