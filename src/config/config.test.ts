@@ -50,5 +50,7 @@ test('error docs links point at this process\'s own reference unless AGENT_VAULT
   assert.equal(loadConfig({ HOST: '0.0.0.0', PORT: '9000' }).docsUrl, 'http://127.0.0.1:9000/docs');
   assert.equal(loadConfig({ HOST: '::1', PORT: '9000' }).docsUrl, 'http://[::1]:9000/docs');
   assert.equal(loadConfig({ HOST: 'api.internal', PORT: '9000' }).docsUrl, 'http://api.internal:9000/docs');
+  assert.equal(loadConfig({ HOST: 'agent_vault', PORT: '9000' }).host, 'agent_vault', 'a compose service name');
+  assert.equal(loadConfig({ HOST: 'localhost.' }).host, 'localhost.');
   assert.equal(loadConfig({ AGENT_VAULT_DOCS_URL: 'https://docs.example.com/' }).docsUrl, 'https://docs.example.com');
 });

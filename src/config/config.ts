@@ -54,8 +54,12 @@ export interface Config {
   usdcMint: string | null;
 }
 
-/** A host name to listen on: dot-separated labels of letters, digits and inner hyphens, at most 253 characters. */
-const HOST_NAME = /^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$/;
+/**
+ * A host name to listen on: dot-separated labels of letters, digits, inner hyphens and
+ * underscores (a container's service name may have them), at most 253 characters, perhaps
+ * ending with the root's dot.
+ */
+const HOST_NAME = /^(?=.{1,254}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$/;
 
 /**
  * The reference this process serves itself, the default of AGENT_VAULT_DOCS_URL (a wildcard
@@ -151,7 +155,7 @@ export function loadConfig(env: Env = process.env): Config {
   const port = integer(env, 'PORT', 8080, 0, 65535);
   const host = text(env, 'HOST') ?? '127.0.0.1';
   if (!isIP(host) && !HOST_NAME.test(host)) {
-    throw new ConfigError('HOST', 'must be an IP address or a host name (letters, digits, "-" and ".")');
+    throw new ConfigError('HOST', 'must be an IP address or a host name (letters, digits, "-", "_" and ".")');
   }
   return {
     port,
