@@ -59,7 +59,7 @@ export interface Config {
  * underscores (a container's service name may have them), at most 253 characters, perhaps
  * ending with the root's dot.
  */
-const HOST_NAME = /^(?=.{1,254}$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$/;
+const HOST_NAME = /^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?$/;
 
 /**
  * The reference this process serves itself, the default of AGENT_VAULT_DOCS_URL (a wildcard

@@ -120,9 +120,13 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
     const answer = () => {
       if (!socket.destroyed) socket.end(rawErrorAnswer(ctx, 400, 'method', 'CONNECT is not a method of this API.').text, () => socket.destroy());
     };
-    const owed = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage;
-    if (owed && !owed.writableFinished) owed.once('finish', answer);
-    else answer();
+    // Node attaches the next pipelined answer as each one finishes: wait for all of them.
+    const afterOwed = () => {
+      const owed = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage;
+      if (owed && !owed.writableFinished) owed.once('finish', afterOwed);
+      else answer();
+    };
+    afterOwed();
   });
 
   // Bodies are JSON only: Fastify's own text/plain parser would hand a route a string, refused

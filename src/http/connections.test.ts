@@ -144,6 +144,24 @@ describe('HTTP connections', () => {
     held.resume();
     await once(held, 'end'); // the server's side closed, though this one stays open
     held.destroy();
+
+    // Pipelined behind two requests, the second of them slow (the database held): answered
+    // after both, in order.
+    const slow = t.service.ctx.db.transaction(async (tx) => {
+      await tx.query('SELECT 1');
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+    });
+    const pipelined = connect(port, '127.0.0.1', () => pipelined.write('GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n'
+      + `POST /v1/test_helpers/deposits HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer ${ADMIN_KEY}\r\n`
+      + 'Content-Type: application/json\r\nContent-Length: 14\r\n\r\n{"amount":"1"}'
+      + 'CONNECT a:1 HTTP/1.1\r\nHost: a:1\r\n\r\n'));
+    let received = '';
+    pipelined.setEncoding('utf8');
+    pipelined.on('data', (chunk: string) => { received += chunk; });
+    pipelined.on('error', () => {});
+    await once(pipelined, 'close');
+    await slow;
+    assert.deepEqual([...received.matchAll(/HTTP\/1\.1 (\d{3})/g)].map((m) => m[1]), ['200', '200', '400'], received);
     assert.equal((await t.request('GET', '/healthz')).status, 200, 'still serving');
   });
 });
