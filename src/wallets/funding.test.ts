@@ -480,20 +480,29 @@ describe('crash recovery', () => {
   before(async () => { t = await startTestService(); });
   after(async () => { await t.close(); });
 
-  test('a funding recorded and sent, then abandoned by a crash, is settled by the reconciler', async () => {
-    await deposit(t, '5');
+  /**
+   * What fundWallets does up to a crash: sign a funding of a new vault, record it pending with the
+   * reserve debited (with its signed bytes when `wire`), nothing sent.
+   */
+  async function recordFunding(micro: bigint, { wire = false } = {}) {
     const wallet = await newWallet(t);
     const { ctx } = t.service;
     const [row] = await ctx.db.query<{ agent_id: string }>('SELECT agent_id FROM wallets WHERE id = $1', [wallet.wallet_id]);
-    // What fundWallets does up to the crash: sign, record pending with the reserve debited, send.
-    const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, 2_000_000n)]);
-    await ctx.db.transaction(async (tx) => {
-      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 2000000 WHERE id = $1', [t.orgId]);
-      await insertTransaction(tx, ctx.clock.nowMs(), {
-        orgId: t.orgId, walletId: wallet.wallet_id, type: 'funding', amount: 2_000_000n, recipient: wallet.chain_address,
-        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight,
+    const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, micro)]);
+    const recorded = await ctx.db.transaction(async (tx) => {
+      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - $2 WHERE id = $1', [t.orgId, micro]);
+      return insertTransaction(tx, ctx.clock.nowMs(), {
+        orgId: t.orgId, walletId: wallet.wallet_id, type: 'funding', amount: micro, recipient: wallet.chain_address,
+        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, wire: wire ? prepared.wire : null,
       });
     });
+    return { wallet, prepared, recorded };
+  }
+
+  test('a funding recorded and sent, then abandoned by a crash, is settled by the reconciler', async () => {
+    await deposit(t, '5');
+    const { ctx } = t.service;
+    const { wallet, prepared } = await recordFunding(2_000_000n);
     await ctx.chain.submit(prepared);
     await ctx.chain.waitForOutcome(prepared.signature);
     assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '0.00', 'not yet settled');
@@ -505,17 +514,8 @@ describe('crash recovery', () => {
 
   test('a funding recorded with its signed bytes but never sent (a crash before the send) is sent by the reconciler and lands', async () => {
     await deposit(t, '3');
-    const wallet = await newWallet(t);
     const { ctx } = t.service;
-    const [row] = await ctx.db.query<{ agent_id: string }>('SELECT agent_id FROM wallets WHERE id = $1', [wallet.wallet_id]);
-    const prepared = await ctx.chain.prepare([await ctx.chain.fundIx(t.orgId, row!.agent_id, 3_000_000n)]);
-    const recorded = await ctx.db.transaction(async (tx) => {
-      await tx.query('UPDATE organizations SET reserve_balance = reserve_balance - 3000000 WHERE id = $1', [t.orgId]);
-      return insertTransaction(tx, ctx.clock.nowMs(), {
-        orgId: t.orgId, walletId: wallet.wallet_id, type: 'funding', amount: 3_000_000n, recipient: wallet.chain_address,
-        signature: prepared.signature, lastValidBlockHeight: prepared.lastValidBlockHeight, wire: prepared.wire,
-      });
-    });
+    const { wallet, prepared, recorded } = await recordFunding(3_000_000n, { wire: true });
     assert.deepEqual(await ctx.chain.getOutcomes([prepared.signature]), [null], 'the chain never saw it');
     assert.equal(await reconcilePending(ctx, 0), 0, 'nothing to settle yet: it was sent');
     assert.equal((await ctx.chain.waitForOutcome(prepared.signature))?.err, null, 'it landed');
