@@ -532,6 +532,12 @@ export const EXPIRY_MARGIN_BLOCKS = 32n;
 /** A pending row younger than this is left to the request that is still waiting for it. */
 export const RECONCILE_GRACE_MS = 10_000;
 const RECONCILE_BATCH_MAX = 500;
+/**
+ * Sends again per run (every 2 s), the oldest first: a chain that lost a few hundred pending
+ * transactions has them back within seconds, well inside their blockhashes' minute, and an
+ * outage costs a cluster's RPC at most 50 sends a second.
+ */
+const RESENDS_PER_RUN_MAX = 100;
 const STATUS_BATCH_MAX = 256;
 
 /**
@@ -543,7 +549,9 @@ const STATUS_BATCH_MAX = 256;
  * payment fail. The chain runs a signature once, so a send it already has changes nothing.
  * Returns how many rows were settled.
  */
-export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'clock'>, graceMs = RECONCILE_GRACE_MS): Promise<number> {
+export async function reconcilePending(
+  ctx: Pick<AppContext, 'db' | 'chain' | 'clock'>, graceMs = RECONCILE_GRACE_MS, resendsMax = RESENDS_PER_RUN_MAX,
+): Promise<number> {
   const nowMs = ctx.clock.nowMs();
   const pending = await ctx.db.query<{ tx_signature: string; last_valid_block_height: bigint | null; wire: string | null }>(
     `SELECT tx_signature, MAX(last_valid_block_height) AS last_valid_block_height, MAX(wire) AS wire FROM transactions
@@ -553,6 +561,7 @@ export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'c
   if (!pending.length) return 0;
   const blockHeight = await ctx.chain.getBlockHeight();
   let settled = 0;
+  let resent = 0;
   for (let start = 0; start < pending.length; start += STATUS_BATCH_MAX) {
     const batch = pending.slice(start, start + STATUS_BATCH_MAX);
     const outcomes = await ctx.chain.getOutcomes(batch.map((row) => row.tx_signature as Signature));
@@ -564,8 +573,10 @@ export async function reconcilePending(ctx: Pick<AppContext, 'db' | 'chain' | 'c
       } else if (row.last_valid_block_height !== null && blockHeight > row.last_valid_block_height + EXPIRY_MARGIN_BLOCKS) {
         settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature,
           { slot: null, err: { name: EXPIRED } })).length;
-      } else if (row.wire !== null && row.last_valid_block_height !== null && blockHeight <= row.last_valid_block_height) {
+      } else if (resent < resendsMax && row.wire !== null && row.last_valid_block_height !== null
+        && blockHeight <= row.last_valid_block_height) {
         // Refused (its blockhash gone meanwhile, the chain unreachable): the next run asks again.
+        resent += 1;
         resends.push(ctx.chain.submit({
           signature: row.tx_signature as Signature, wire: row.wire as Base64EncodedWireTransaction, lastValidBlockHeight: row.last_valid_block_height,
         }).catch(() => {}));

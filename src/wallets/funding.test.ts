@@ -526,6 +526,20 @@ describe('crash recovery', () => {
     await assertIndexEqualsChainAndConserved(t);
   });
 
+  test('the reconciler sends again at most so many a run, the oldest first; the rest at the next runs', async () => {
+    await deposit(t, '2');
+    const { ctx } = t.service;
+    const older = await recordFunding(1_000_000n, { wire: true });
+    const newer = await recordFunding(1_000_000n, { wire: true });
+    assert.equal(await reconcilePending(ctx, 0, 1), 0);
+    assert.equal((await ctx.chain.waitForOutcome(older.prepared.signature))?.err, null, 'the oldest was sent');
+    assert.deepEqual(await ctx.chain.getOutcomes([newer.prepared.signature]), [null], 'the other waits for the next run');
+    assert.equal(await reconcilePending(ctx, 0, 1), 1, 'the oldest settled; the other sent');
+    assert.equal((await ctx.chain.waitForOutcome(newer.prepared.signature))?.err, null);
+    assert.equal(await reconcilePending(ctx, 0, 1), 1);
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
   test('a funding recorded but never sent fails once it can no longer land, and the reserve gets it back', async () => {
     const wallet = await newWallet(t);
     const { ctx } = t.service;
