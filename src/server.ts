@@ -4,7 +4,7 @@
  * buildService assembles without listening, so tests use the very same wiring.
  */
 import { createServer, type AddressInfo } from 'node:net';
-import pino from 'pino';
+import type pino from 'pino';
 import { connectChain, type ChainConnection } from './chain/connect.ts';
 import { ServiceClock } from './clock/service-clock.ts';
 import { defaultDocsUrl, type Config } from './config/config.ts';
@@ -12,6 +12,7 @@ import { openDatabase, type Database } from './db/database.ts';
 import { migrate } from './db/migrate.ts';
 import { buildApp, type App } from './http/app.ts';
 import type { AppContext } from './http/context.ts';
+import { serviceLogger } from './http/logger.ts';
 import { bootstrapOrganizations } from './organizations/organizations.ts';
 import { settlementsWritten } from './transactions/settlement.ts';
 import { AttemptSender } from './webhooks/sender.ts';
@@ -69,7 +70,7 @@ async function closeHttp(app: App, waitMs: number): Promise<void> {
 }
 
 export async function buildService(config: Config, options: BuildServiceOptions = {}): Promise<Service> {
-  const logger = options.logger ?? pino({ level: config.logLevel });
+  const logger = options.logger ?? serviceLogger(config.logLevel);
   let db: Database | null = null;
   let chain: ChainConnection | null = null;
   try {
@@ -134,7 +135,7 @@ export async function buildService(config: Config, options: BuildServiceOptions 
  * SIGTERM/SIGINT, then closes in order.
  */
 export async function serve(config: Config, { workers = true, http = true } = {}): Promise<void> {
-  const logger = pino({ level: config.logLevel });
+  const logger = serviceLogger(config.logLevel);
   // A port taken or a host not this machine's is said before anything is set up: on a first start,
   // before the default organisation is made and its key printed.
   if (http) await assertListenable(config.host, config.port);
