@@ -35,7 +35,7 @@ export function pageOf<T extends ReturnType<typeof Type.Object>>(item: T) {
   return Type.Object({
     data: Type.Array(item),
     has_more: Type.Boolean(),
-    next_cursor: Type.Union([Type.String(), Type.Null()]),
+    next_cursor: Type.Union([Type.String(), Type.Null()], { description: 'the `cursor` of the next page; null on the last page (`has_more` false)' }),
   });
 }
 
