@@ -5,6 +5,7 @@ import { expirePolicies, runWalletAutomation, scanAlerts } from '../automation/a
 import { RPC_CALL_TIMEOUT_MS } from '../chain/client.ts';
 import { closeSettledEscrows } from '../escrow/close.ts';
 import { resendEscrowMoves, tickEscrows } from '../escrow/escrows.ts';
+import { maintainTables } from '../db/maintenance.ts';
 import { deleteExpiredEvents } from '../events/events.ts';
 import { buildDueExports, expireExports } from '../exports/exports.ts';
 import { purgeExpiredKeys } from '../http/idempotency.ts';
@@ -136,6 +137,8 @@ export const JOBS: readonly Job[] = [
   // The webhook delivery log keeps 30 days; before the dispatcher, so a run of every job gives up
   // what is past it rather than sending it.
   { name: 'webhooks.retention', intervalMs: 60_000, timeoutMs: 30_000, run: async (ctx) => { await expireDeliveryLog(ctx.db, ctx.clock.nowMs()); } },
+  // Statistics (and PGlite's dead rows) where no autovacuum keeps them (src/db/maintenance.ts).
+  { name: 'db.maintain', intervalMs: 60_000, timeoutMs: 10 * 60_000, run: async (ctx) => { await maintainTables(ctx.db); } },
   // Webhook deliveries: streams of events and due attempts, claimed and sent (docs/webhooks.md); last,
   // so a run of every job (runOnce) also delivers the events the jobs before it wrote. A run claims
   // for 20 s, and a stream batch it claimed last can take 45 s more against slow endpoints.
