@@ -116,3 +116,22 @@ test('idle resolves at once on an empty queue, and otherwise once everything que
   assert.deepEqual(written, ['wrote 0', 'wrote 2', 'wrote 4'], 'idle came after every write');
   await Promise.all([...items, late]);
 });
+
+test('the backlog counts the items waiting for a batch, not those being written', async () => {
+  const w = controlledWrite();
+  const queue = new GroupCommit(w.write, { maxBatch: 2, concurrency: 1 });
+  assert.equal(queue.backlog, 0);
+  const written = [0, 2, 4, 6, 8].map((n) => queue.submit(n));
+  await w.settle();
+  assert.deepEqual(w.batches, [[0]], 'the first went at once');
+  assert.equal(queue.backlog, 4, 'four wait behind the batch being written');
+  w.finish.shift()!();
+  await w.settle();
+  assert.deepEqual(w.batches, [[0], [2, 4]]);
+  assert.equal(queue.backlog, 2);
+  w.finish.shift()!();
+  await w.settle();
+  assert.equal(queue.backlog, 0, 'the last batch is being written');
+  w.finish.shift()!();
+  assert.equal((await Promise.all(written)).length, 5);
+});

@@ -59,6 +59,11 @@ export class GroupCommit<Item, Result> {
     });
   }
 
+  /** Items waiting for a batch (not those being written). */
+  get backlog(): number {
+    return this.#queue.length;
+  }
+
   /** Resolves once nothing is queued or being written. */
   idle(): Promise<void> {
     if (this.#running === 0 && this.#queue.length === 0 && !this.#gathering) return Promise.resolve();

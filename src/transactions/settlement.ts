@@ -251,17 +251,6 @@ export function registerSettlementRule(type: TransactionType, rule: SettlementRu
   RULES[type] = rule;
 }
 
-/**
- * Settles every pending row carrying this signature (a batch shares one) from the chain's
- * outcome, once: rows already settled are left alone, so the request and the reconciler may
- * both try. Returns the rows this call settled.
- */
-export async function settleSignature(
-  db: Database, nowMs: number, signature: string, outcome: ChainOutcome,
-): Promise<TransactionRow[]> {
-  return (await settleSignatures(db, nowMs, [{ signature, outcome }]))[0]!;
-}
-
 type ChainOutcome = { slot: bigint | null; err: { name: string } | null };
 
 /** A signature's outcome to settle; `settledAtMs` (default: the batch's time) is the rows' `settled_at`. */
@@ -331,6 +320,28 @@ function settlerOf(ctx: Pick<AppContext, 'db' | 'clock'>): GroupCommit<Settlemen
     settlers.set(ctx.db, settler);
   }
   return settler;
+}
+
+/**
+ * Settlements written behind an answer (a payment not waited for, a confirmation already
+ * answered) are left to the reconciler past this backlog: with the database slower than the
+ * payments arrive (a soak review saw statistics missing make each settlement 17 s a batch),
+ * every one waiting in memory grew the process without a bound while the rows, recorded
+ * `pending`, wait safely in the database. Reads and the reconciler still queue theirs: they wait
+ * for them, a bounded number at a time.
+ */
+export const SETTLE_BEHIND_BACKLOG_MAX = 10_000;
+
+/**
+ * Settles an outcome behind its answer through the process's settler, or, past `backlogMax`
+ * settlements waiting, leaves it to the reconciler (which settles pending rows older than
+ * RECONCILE_GRACE_MS). Null when left.
+ */
+export function settleBehind(
+  ctx: Pick<AppContext, 'db' | 'clock'>, item: SettlementItem, backlogMax = SETTLE_BEHIND_BACKLOG_MAX,
+): Promise<TransactionRow[]> | null {
+  const settler = settlerOf(ctx);
+  return settler.backlog >= backlogMax ? null : settler.submit(item);
 }
 
 /** Resolves once this process has written every settlement it started (before its database closes). */
@@ -413,12 +424,14 @@ export async function awaitSettlement(
 
 /**
  * Settles a sent transaction behind its answer (the reconciler covers a process that stops
- * before), then marks `waiting` over, which ends sendUntilTaken's resends.
+ * before, and one whose settlements are too far behind: settleBehind), then marks `waiting`
+ * over, which ends sendUntilTaken's resends.
  */
 export function settleInBackground(
   ctx: Pick<AppContext, 'db' | 'chain' | 'clock' | 'log'>, signature: string, timeoutMs: number, waiting: { over: boolean },
 ): void {
-  awaitSettlement(ctx, signature, timeoutMs)
+  outcomeWithin(ctx, signature, timeoutMs)
+    .then((outcome) => (outcome ? settleBehind(ctx, { signature, outcome }) : null))
     .finally(() => { waiting.over = true; })
     .catch((error: unknown) => ctx.log.warn({ err: error, signature }, 'background settlement failed'));
 }
@@ -439,9 +452,9 @@ export async function awaitConfirmation(
   const outcome = await outcomeWithin(ctx, signature, timeoutMs);
   if (!outcome) return null;
   const settledAtMs = ctx.clock.nowMs();
-  const settling = settlerOf(ctx).submit({ signature, outcome, settledAtMs });
-  if (outcome.err) return (await settling).find((row) => row.id === recorded.id) ?? null;
-  settling.catch((error: unknown) => ctx.log.warn({ err: error, signature }, 'settling a confirmed payment failed; a read or the reconciler will'));
+  if (outcome.err) return (await settlerOf(ctx).submit({ signature, outcome, settledAtMs })).find((row) => row.id === recorded.id) ?? null;
+  settleBehind(ctx, { signature, outcome, settledAtMs })
+    ?.catch((error: unknown) => ctx.log.warn({ err: error, signature }, 'settling a confirmed payment failed; a read or the reconciler will'));
   const at = new Date(settledAtMs);
   return { ...recorded, status: 'confirmed', on_chain_slot: outcome.slot, failure_reason: null, settled_at: at, updated_at: at };
 }
@@ -566,13 +579,15 @@ export async function reconcilePending(
     const batch = pending.slice(start, start + STATUS_BATCH_MAX);
     const outcomes = await ctx.chain.getOutcomes(batch.map((row) => row.tx_signature as Signature));
     const resends: Promise<unknown>[] = [];
+    // Settled together, through the process's settler: in batches, one that fails written again
+    // a signature at a time.
+    const outcomesKnown: SettlementItem[] = [];
     for (const [index, row] of batch.entries()) {
       const outcome = outcomes[index];
       if (outcome) {
-        settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature, outcome)).length;
+        outcomesKnown.push({ signature: row.tx_signature, outcome });
       } else if (row.last_valid_block_height !== null && blockHeight > row.last_valid_block_height + EXPIRY_MARGIN_BLOCKS) {
-        settled += (await settleSignature(ctx.db, ctx.clock.nowMs(), row.tx_signature,
-          { slot: null, err: { name: EXPIRED } })).length;
+        outcomesKnown.push({ signature: row.tx_signature, outcome: { slot: null, err: { name: EXPIRED } } });
       } else if (resent < resendsMax && row.wire !== null && row.last_valid_block_height !== null
         && blockHeight <= row.last_valid_block_height) {
         // Refused (its blockhash gone meanwhile, the chain unreachable): the next run asks again.
@@ -582,6 +597,8 @@ export async function reconcilePending(
         }).catch(() => {}));
       }
     }
+    const settler = settlerOf(ctx);
+    for (const rows of await Promise.all(outcomesKnown.map((item) => settler.submit(item)))) settled += rows.length;
     await Promise.all(resends);
   }
   return settled;

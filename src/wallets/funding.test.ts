@@ -11,7 +11,7 @@ import { unique } from '../../test/fixtures.ts';
 import { openDatabase } from '../db/database.ts';
 import { requestHash } from '../http/idempotency.ts';
 import { recordEvent } from '../events/events.ts';
-import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending, settleSignatures } from '../transactions/settlement.ts';
+import { EXPIRY_MARGIN_BLOCKS, insertTransaction, reconcilePending, settleBehind, settleSignatures } from '../transactions/settlement.ts';
 import { MAX_MICRO_USDC, formatUsdc } from '../money/money.ts';
 
 let agentCounter = 0;
@@ -509,6 +509,24 @@ describe('crash recovery', () => {
     assert.equal(await reconcilePending(ctx, 0), 1);
     assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '2.00');
     assert.equal(await reconcilePending(ctx, 0), 0, 'settled once');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
+  test('a settlement behind an answer, past the settler\'s backlog, is left to the reconciler; below it, written', async () => {
+    await deposit(t, '3');
+    const { ctx } = t.service;
+    const left = await recordFunding(1_000_000n);
+    const written = await recordFunding(2_000_000n);
+    for (const { prepared } of [left, written]) await ctx.chain.submit(prepared);
+    const outcomeOf = async (prepared: typeof left.prepared) => (await ctx.chain.waitForOutcome(prepared.signature))!;
+    assert.equal(settleBehind(ctx, { signature: left.prepared.signature, outcome: await outcomeOf(left.prepared) }, 0), null, 'not queued');
+    const rows = await settleBehind(ctx, { signature: written.prepared.signature, outcome: await outcomeOf(written.prepared) });
+    assert.deepEqual(rows?.map((row) => [row.id, row.status]), [[written.recorded.id, 'confirmed']]);
+    const balance = async (walletId: string) => (await t.request('GET', `/v1/wallets/${walletId}`)).body.usdc_balance;
+    assert.equal(await balance(left.wallet.wallet_id), '0.00', 'left pending');
+    assert.equal(await balance(written.wallet.wallet_id), '2.00');
+    assert.equal(await reconcilePending(ctx, 0), 1, 'the reconciler settles the one left');
+    assert.equal(await balance(left.wallet.wallet_id), '1.00');
     await assertIndexEqualsChainAndConserved(t);
   });
 
