@@ -44,6 +44,19 @@ test('a bad value stops start-up with a message naming the variable', () => {
   }
 });
 
+test('HOST: a DNS name\'s bounds (253 characters, a trailing dot apart; labels of 63), underscores anywhere', () => {
+  const label = (n: number) => 'a'.repeat(n);
+  // 4 labels of 63 and their 3 dots make 255: three of 63 and one of 61 make 253.
+  const longest = [label(63), label(63), label(63), label(61)].join('.');
+  assert.equal(longest.length, 253);
+  assert.equal(loadConfig({ HOST: longest }).host, longest);
+  assert.equal(loadConfig({ HOST: `${longest}.` }).host, `${longest}.`, 'the trailing dot is not counted');
+  assert.equal(loadConfig({ HOST: `_svc.${label(63)}` }).host, `_svc.${label(63)}`);
+  for (const host of [`${longest}a`, `${label(64)}.example`, 'a..b', 'bad-.example']) {
+    assert.throws(() => loadConfig({ HOST: host }), /^ConfigError: HOST: must be an IP address or a host name/, host);
+  }
+});
+
 test('error docs links point at this process\'s own reference unless AGENT_VAULT_DOCS_URL says otherwise', () => {
   assert.equal(loadConfig({}).docsUrl, 'http://127.0.0.1:8080/docs');
   assert.equal(loadConfig({ PORT: '3917' }).docsUrl, 'http://127.0.0.1:3917/docs');
@@ -52,5 +65,6 @@ test('error docs links point at this process\'s own reference unless AGENT_VAULT
   assert.equal(loadConfig({ HOST: 'api.internal', PORT: '9000' }).docsUrl, 'http://api.internal:9000/docs');
   assert.equal(loadConfig({ HOST: 'agent_vault', PORT: '9000' }).host, 'agent_vault', 'a compose service name');
   assert.equal(loadConfig({ HOST: 'localhost.' }).host, 'localhost.');
+  assert.equal(loadConfig({ HOST: '::', PORT: '9000' }).docsUrl, 'http://127.0.0.1:9000/docs', 'every IPv6 address: loopback');
   assert.equal(loadConfig({ AGENT_VAULT_DOCS_URL: 'https://docs.example.com/' }).docsUrl, 'https://docs.example.com');
 });

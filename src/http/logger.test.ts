@@ -47,6 +47,7 @@ describe('the service log', () => {
   test('query values are judged by their names, decoded', () => {
     assert.equal(loggedUrl('/v1/events?type=payment.sent&token=x'), '/v1/events?type=payment.sent&token=[redacted]');
     assert.equal(loggedUrl('/v1/events?my%5Fsecret=x&cursor=abc'), '/v1/events?my%5Fsecret=[redacted]&cursor=abc');
+    assert.equal(loggedUrl('/v1/events?to%6Ben=s&api+key=t'), '/v1/events?to%6Ben=[redacted]&api+key=[redacted]', 'a name written encoded');
     assert.equal(loggedUrl('/v1/events?%zz=1&flag'), '/v1/events?%zz=1&flag');
     assert.equal(loggedUrl('/v1/events'), '/v1/events');
   });
