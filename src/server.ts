@@ -130,6 +130,39 @@ export async function buildService(config: Config, options: BuildServiceOptions 
 }
 
 /**
+ * A shutdown that has not ended after this long ends the process anyway: its steps each wait a
+ * bounded time for requests and jobs, but a database or a chain that stops answering mid-way
+ * (a network partition) would hold the rest until TCP gives up, a quarter of an hour.
+ */
+export const SHUTDOWN_DEADLINE_MS = 30_000;
+
+/**
+ * Closes the service and answers the exit code: 0 once closed, 1 when a step failed (said, and
+ * told to the supervisor: a validator snapshot or a database close that failed) or when the
+ * close has not ended within `deadlineMs`; what is left is recovered at the next start, as
+ * after a crash.
+ */
+export async function closeWithin(service: Pick<Service, 'close'>, deadlineMs: number, logger: pino.Logger): Promise<number> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => { timer = setTimeout(() => resolve('late'), deadlineMs); });
+  const closed = service.close().then(() => 'closed' as const);
+  closed.catch(() => {}); // a failure after the deadline: the process is ending anyway
+  try {
+    if (await Promise.race([closed, late]) === 'late') {
+      logger.error({ deadlineMs }, 'shutting down did not end in time (a database or chain not answering?): exiting; the next start recovers what was left, as after a crash');
+      return 1;
+    }
+    logger.info('stopped');
+    return 0;
+  } catch (error) {
+    logger.error({ err: error }, 'shutting down failed');
+    return 1;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/**
  * `agent-vault serve` (the HTTP API, with the workers unless `workers: false`) and
  * `agent-vault worker` (`http: false`: the workers alone, no listener): runs until
  * SIGTERM/SIGINT, then closes in order.
@@ -156,17 +189,7 @@ export async function serve(config: Config, { workers = true, http = true } = {}
     }
     closing = true;
     logger.info({ signal }, 'shutting down');
-    let code = 0;
-    try {
-      await service.close();
-      logger.info('stopped');
-    } catch (error) {
-      // Said, and told to the supervisor: a validator snapshot or a database close that failed.
-      code = 1;
-      logger.error({ err: error }, 'shutting down failed');
-    } finally {
-      process.exit(code);
-    }
+    process.exit(await closeWithin(service, SHUTDOWN_DEADLINE_MS, logger));
   };
   // `on`, not `once`: a second signal (Ctrl-C twice, npm forwarding the terminal's SIGINT, a
   // supervisor's SIGTERM after a kill) must not fall back on the default's immediate end.

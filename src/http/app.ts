@@ -192,9 +192,11 @@ export async function buildApp(ctx: AppContext, options: BuildAppOptions = {}): 
   app.addHook('onRequest', async (request, reply) => {
     reply.header('Request-Id', request.id);
     if (closing) {
-      // A request on a connection kept alive while the server drains: sent elsewhere by the client.
+      // A request on a connection kept alive while the server drains: sent elsewhere by the client
+      // (a new connection reaches the next process), at once. A wait, not an outage: not logged
+      // as a dependency down.
       reply.header('Connection', 'close');
-      throw new ServiceError('service_unavailable', 'The service is shutting down; retry.');
+      throw retryShortly('The service is shutting down; retry.', 1);
     }
   });
   app.addHook('onRequest', async (request) => {

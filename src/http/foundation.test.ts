@@ -179,6 +179,8 @@ describe('HTTP foundation', () => {
     assert.equal(response.status, 503, JSON.stringify(response.body));
     assert.equal(response.body.error.code, 'service_unavailable');
     assert.equal(response.body.error.request_id, response.headers['request-id']);
+    assert.equal(response.headers['retry-after'], '1', 'retry at once: a new connection reaches the next process');
+    assert.equal(response.headers.connection, 'close');
   });
 
   test('a database connection lost under a request is 503 service_unavailable, and the next request is served', async (context) => {
