@@ -765,8 +765,17 @@ describe('escrow', () => {
 
     const serviceArbiter = await t.createKey('arbiter');
     assert.equal((await t.request('GET', `/v1/payments/a2a/${disputed.escrow_id}`, { key: serviceArbiter })).body.status, 'disputed');
-    const listed = (await t.request('GET', '/v1/payments/a2a?status=disputed&limit=100', { key: serviceArbiter })).body.data as Array<{ escrow_id: string }>;
-    assert.ok(listed.some((e) => e.escrow_id === disputed.escrow_id), 'listed among the disputes to decide');
+    // Disputed too: an escrow paying a chain address outside the service (its receiver has no organisation).
+    const outside = (await open(from, await newRecipient(), { amount: '0.5' }, tenant.adminKey)).body;
+    assert.equal((await t.request('POST', `/v1/payments/a2a/${outside.escrow_id}/dispute`, { key: tenant.adminKey, body: { reason: 'not delivered' } })).status, 200);
+    for (const query of ['?status=disputed&limit=100', '?limit=100']) {
+      const listed = ((await t.request('GET', `/v1/payments/a2a${query}`, { key: serviceArbiter })).body.data as Array<{ escrow_id: string }>)
+        .map((e) => e.escrow_id);
+      assert.ok(listed.includes(disputed.escrow_id) && listed.includes(outside.escrow_id), `${query}: listed among the disputes to decide`);
+      assert.ok(!listed.includes(untouched.escrow_id), `${query}: another organisation's escrow that is not disputed is not listed`);
+    }
+    const refundedOutside = await t.request('POST', `/v1/payments/a2a/${outside.escrow_id}/resolve`, { key: serviceArbiter, body: { decision: 'refund' } });
+    assert.equal(refundedOutside.body.status, 'refunded', JSON.stringify(refundedOutside.body));
     assert.equal((await t.request('GET', `/v1/payments/a2a/${untouched.escrow_id}`, { key: serviceArbiter })).status, 404,
       'another organisation\'s escrow that is not disputed stays its own');
     assert.equal((await t.request('GET', `/v1/payments/a2a/${disputed.escrow_id}`)).status, 404, 'other roles of the service\'s organisation see nothing');
@@ -1189,6 +1198,20 @@ describe('escrow', () => {
     assert.equal(await balanceOf(t, from.wallet_id), '10.00');
     const under = await open(from, to.wallet_id, { amount: '2.5' });
     assert.equal(under.status, 200, 'at the threshold: no co-signature needed');
+  });
+
+  test('the escrow list is newest first, and pages through every escrow once', async () => {
+    const org = await t.createOrganization('Paging escrows');
+    const from = await fundedWallet(t, '10', 'pol_permissive', org.adminKey);
+    const to = await fundedWallet(t, '0.5', 'pol_permissive', org.adminKey);
+    const opened: string[] = [];
+    for (let i = 0; i < 3; i += 1) opened.push((await open(from, to.wallet_id, { amount: '1' }, org.adminKey)).body.escrow_id);
+    const first = await t.request('GET', '/v1/payments/a2a?limit=2', { key: org.adminKey });
+    assert.deepEqual(first.body.data.map((e: { escrow_id: string }) => e.escrow_id), [opened[2], opened[1]]);
+    assert.equal(first.body.has_more, true);
+    const second = await t.request('GET', `/v1/payments/a2a?limit=2&cursor=${first.body.next_cursor}`, { key: org.adminKey });
+    assert.deepEqual(second.body.data.map((e: { escrow_id: string }) => e.escrow_id), [opened[0]]);
+    assert.deepEqual([second.body.has_more, second.body.next_cursor], [false, null]);
   });
 
   test('a vault of another organisation receives by its chain address; both organisations see the escrow, nobody else', async () => {
