@@ -184,6 +184,9 @@ describe('webhook deliveries', () => {
       const first = await newPolicyEvent(key, 'Schedule 1');
       await t.service.jobs.runOnce();
       assert.equal(arrivals('/failing').length, 1, 'attempt 1 immediately');
+      const listedAs = async (status: string) => (await deliveries(key, webhookId, `&status=${status}`)).map((d) => d.event_id).sort();
+      assert.deepEqual(await listedAs('pending'), [first], 'listed by its status: pending');
+      assert.deepEqual(await listedAs('paused'), []);
 
       for (let k = 1; k <= 4; k += 1) {
         const [delivery] = await deliveries(key, webhookId, `&eventId=${first}`);
@@ -229,6 +232,8 @@ describe('webhook deliveries', () => {
       const [waiting] = await deliveries(key, webhookId, `&eventId=${second}`);
       assert.equal(waiting!.status, 'paused');
       assert.equal(waiting!.attempt_count, 0);
+      assert.deepEqual(await listedAs('paused'), [first, second].sort(), 'listed by their status: paused');
+      assert.deepEqual(await listedAs('pending'), []);
 
       // Re-enabling restarts the paused deliveries: a new run of attempts, the first at once.
       failing = false;
