@@ -512,6 +512,35 @@ describe('crash recovery', () => {
     await assertIndexEqualsChainAndConserved(t);
   });
 
+  test('a funding and a withdrawal the chain lost after taking them are sent again by the reconciler, from the bytes recorded with them', async () => {
+    await deposit(t, '5');
+    const wallet = await newWallet(t);
+    const { ctx } = t.service;
+    for (const [kind, path, amount] of [['funding', 'fund', '3'], ['withdrawal', 'withdraw', '1']] as const) {
+      const submit = ctx.chain.submit;
+      // Taken, and never run: a node that crashed before its slot, a leader that dropped it.
+      ctx.chain.submit = async () => {};
+      let answer: Promise<{ status: number; body: any }>;
+      let row: { id: string; wire: string | null } | undefined;
+      try {
+        answer = t.request('POST', `/v1/wallets/${wallet.wallet_id}/${path}`, { body: { amount, currency: 'USDC' } });
+        while (!row) {
+          [row] = await ctx.db.query<{ id: string; wire: string | null }>(
+            `SELECT id, wire FROM transactions WHERE wallet_id = $1 AND type = $2 AND status = 'pending'`, [wallet.wallet_id, kind]);
+          if (!row) await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+      } finally {
+        ctx.chain.submit = submit;
+      }
+      assert.notEqual(row.wire, null, `the ${kind} is recorded with its signed bytes`);
+      assert.equal(await reconcilePending(ctx, 0), 0, 'sent again, not yet settled');
+      const answered = await answer;
+      assert.deepEqual([answered.status, answered.body.status], [200, 'confirmed'], `${kind}: ${JSON.stringify(answered.body)}`);
+    }
+    assert.equal((await t.request('GET', `/v1/wallets/${wallet.wallet_id}`)).body.usdc_balance, '2.00');
+    await assertIndexEqualsChainAndConserved(t);
+  });
+
   test('a settlement behind an answer, past the settler\'s backlog, is left to the reconciler; below it, written', async () => {
     await deposit(t, '3');
     const { ctx } = t.service;
