@@ -16,6 +16,7 @@ import { ChainClient } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
 import { canonicalJson } from '../http/idempotency.ts';
 import { listMigrations, migrate } from '../db/migrate.ts';
+import { reconcilePending } from '../transactions/settlement.ts';
 import { spendWindowsAt } from './spend-state.ts';
 
 async function countRows(t: TestService, walletId: string, status?: string): Promise<number> {
@@ -421,6 +422,34 @@ describe('payments', () => {
       assert.ok([400, 503].includes(click.status), JSON.stringify(click.body));
       if (click.status === 503) assert.ok(Number(click.headers['retry-after']) >= 1, 'told when to ask again');
     }
+    assert.equal(await balanceOf(t, wallet.wallet_id), '8.00', 'debited once');
+  });
+
+  test('an approved payment the chain lost after taking it is sent again by the reconciler, from the bytes recorded at approval', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '1' });
+    const wallet = await fundedWallet(t, '10', policyId);
+    const awaiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' } });
+    assert.equal(awaiting.body.approval?.status, 'awaiting', JSON.stringify(awaiting.body));
+    const { ctx } = t.service;
+    const submit = ctx.chain.submit;
+    // Taken, and never run: a node that crashed before its slot, a leader that dropped it.
+    ctx.chain.submit = async () => {};
+    let approval: Promise<{ status: number; body: any }>;
+    let row: { wire: string | null } | undefined;
+    try {
+      approval = t.request('POST', `/v1/payments/${awaiting.body.tx_id}/approve`);
+      while (!row) {
+        [row] = await ctx.db.query<{ wire: string | null }>(
+          `SELECT wire FROM transactions WHERE id = $1 AND status = 'pending' AND tx_signature IS NOT NULL`, [awaiting.body.tx_id]);
+        if (!row) await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    } finally {
+      ctx.chain.submit = submit;
+    }
+    assert.notEqual(row.wire, null, 'recorded at approval with its signed bytes');
+    await reconcilePending(ctx, 0);
+    const approved = await approval;
+    assert.deepEqual([approved.status, approved.body.status], [200, 'confirmed'], JSON.stringify(approved.body));
     assert.equal(await balanceOf(t, wallet.wallet_id), '8.00', 'debited once');
   });
 
