@@ -12,7 +12,7 @@ import { balanceOf, fundedWallet, newPolicy, newRecipient, unique, type FundedWa
 import { holdLocks, queuedBehind, queuedRequest, secondConnection, withSecondConnection } from '../../test/locks.ts';
 import { beforeDeadline } from '../../test/deadline.ts';
 import { hashApiKey } from '../auth/api-keys.ts';
-import { ChainClient } from '../chain/client.ts';
+import { ChainClient, NoDistinctBlockhashError } from '../chain/client.ts';
 import { newSessionAuthority } from '../wallets/session-token.ts';
 import { canonicalJson } from '../http/idempotency.ts';
 import { listMigrations, migrate } from '../db/migrate.ts';
@@ -422,6 +422,30 @@ describe('payments', () => {
       assert.ok([400, 503].includes(click.status), JSON.stringify(click.body));
       if (click.status === 503) assert.ok(Number(click.headers['retry-after']) >= 1, 'told when to ask again');
     }
+    assert.equal(await balanceOf(t, wallet.wallet_id), '8.00', 'debited once');
+  });
+
+  test('a click that runs out of blockhashes after another click decided the payment is told it is decided (400), not to ask again', async () => {
+    const policyId = await newPolicy(t, { requireCoSign: '1' });
+    const wallet = await fundedWallet(t, '10', policyId);
+    const awaiting = await t.request('POST', '/v1/payments', { body: { walletId: wallet.wallet_id, to: await newRecipient(), amount: '2', currency: 'USDC' } });
+    const { chain } = t.service.ctx;
+    const prepare = chain.prepare;
+    let other: { status: number; body: any } | undefined;
+    chain.prepare = async () => {
+      chain.prepare = prepare;
+      // The other click signs and decides it meanwhile; this one finds no blockhash of its own left.
+      other = await t.request('POST', `/v1/payments/${awaiting.body.tx_id}/approve`);
+      throw new NoDistinctBlockhashError();
+    };
+    let click: { status: number; body: any };
+    try {
+      click = await t.request('POST', `/v1/payments/${awaiting.body.tx_id}/approve`);
+    } finally {
+      chain.prepare = prepare;
+    }
+    assert.deepEqual([other?.status, other?.body.status], [200, 'confirmed'], JSON.stringify(other?.body));
+    assert.equal(click.status, 400, JSON.stringify(click.body));
     assert.equal(await balanceOf(t, wallet.wallet_id), '8.00', 'debited once');
   });
 
