@@ -23,8 +23,10 @@ interface Running {
   output: () => string;
 }
 
-function startServe(dataDir: string, args = ['serve'], ready = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/): Promise<Running> {
-  const env: Record<string, string> = { ...process.env as Record<string, string>, AGENT_VAULT_DATA_DIR: dataDir, PORT: '0', LOG_LEVEL: 'info' };
+function startServe(
+  dataDir: string, args = ['serve'], ready = /Server listening at (http:\/\/127\.0\.0\.1:\d+)/, more: Record<string, string> = {},
+): Promise<Running> {
+  const env: Record<string, string> = { ...process.env as Record<string, string>, AGENT_VAULT_DATA_DIR: dataDir, PORT: '0', LOG_LEVEL: 'info', ...more };
   delete env.DATABASE_URL;
   delete env.AGENT_VAULT_BOOTSTRAP_KEY;
   const child = spawn(process.execPath, [join(ROOT, 'bin', 'agent-vault.js'), ...args], { env, cwd: ROOT });
@@ -81,9 +83,12 @@ describe('agent-vault serve', () => {
     assert.equal(await stop(first, 2), 0, 'SIGTERM stops it gracefully, a second one too');
     assert.match(first.output(), /"msg":"stopped"/, 'the graceful path ran to its end');
 
-    const restarted = await startServe(dataDir);
+    // Restarted with docs of its own: PORT=0 leaves an operator's AGENT_VAULT_DOCS_URL as it is.
+    const restarted = await startServe(dataDir, undefined, undefined, { AGENT_VAULT_DOCS_URL: 'https://docs.example.com' });
     try {
       assert.doesNotMatch(restarted.output(), /Admin API key/, 'the key is shown only on the first start');
+      const told = await (await fetch(`${restarted.baseUrl}/v1/wallets`)).json() as { error: { docs: string } };
+      assert.equal(told.error.docs, 'https://docs.example.com/errors#authentication_failed');
       const org = await fetch(`${restarted.baseUrl}/v1/organization`, { headers: { authorization: `Bearer ${key}` } });
       assert.equal(org.status, 200);
       const body = await org.json() as { reserve: { usdc_balance: string } };
