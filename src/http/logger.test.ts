@@ -44,7 +44,31 @@ describe('the service log', () => {
     assert.equal(logged.detail, 'Failing row contains (values not logged).');
   });
 
+  test('whatever is logged as an error is written, never failing the log call, and values are dropped at any depth', () => {
+    const sink: string[] = [];
+    const logger = serviceLogger('info', new Writable({ write(chunk, _encoding, done) { sink.push(String(chunk)); done(); } }));
+    const plain = { reason: 'refused', params: ['whsec_x'] };
+    logger.warn({ err: null }, 'null');
+    logger.warn({ err: 'a string' }, 'string');
+    logger.warn({ err: plain }, 'plain');
+    assert.deepEqual(plain, { reason: 'refused', params: ['whsec_x'] }, 'the caller\'s object is left as it was');
+    const inner = Object.assign(new Error('duplicate key value violates unique constraint "webhooks_pkey"'), {
+      params: ['whsec_inner'], detail: 'Key (signing_secret)=(whsec_inner) already exists.',
+    });
+    logger.warn({ err: new AggregateError([inner], 'several failed') }, 'aggregate');
+    logger.warn({ err: new Error('wrapped', { cause: inner }) }, 'caused');
+    const lines = sink.map((line) => JSON.parse(line));
+    assert.deepEqual(lines.map((line) => line.msg), ['null', 'string', 'plain', 'aggregate', 'caused']);
+    assert.equal(lines[0].err, null);
+    assert.equal(lines[1].err, 'a string');
+    assert.deepEqual(lines[2].err, { reason: 'refused' });
+    for (const line of lines.slice(3)) assert.ok(!JSON.stringify(line).includes('whsec_'), JSON.stringify(line));
+    assert.equal(lines[3].err.aggregateErrors[0].detail, 'Key (signing_secret)=(values not logged) already exists.');
+  });
+
   test('query values are judged by their names, decoded', () => {
+    assert.equal(loggedUrl('/v1/events?pwd=a&pass=b&bearer=c&q=avst_d&r=av%5Fe&limit=5'), '/v1/events?pwd=[redacted]&pass=[redacted]&bearer=[redacted]&q=[redacted]&r=[redacted]&limit=5',
+      'secret-looking names, and values that are a key or token of the service whatever their name');
     assert.equal(loggedUrl('/v1/events?type=payment.sent&token=x'), '/v1/events?type=payment.sent&token=[redacted]');
     assert.equal(loggedUrl('/v1/events?my%5Fsecret=x&cursor=abc'), '/v1/events?my%5Fsecret=[redacted]&cursor=abc');
     assert.equal(loggedUrl('/v1/events?to%6Ben=s&api+key=t'), '/v1/events?to%6Ben=[redacted]&api+key=[redacted]', 'a name written encoded');
