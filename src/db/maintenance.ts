@@ -6,10 +6,12 @@
  * transactions' index (dead ones included), 65 ms a signature after 150,000 payments, and fell
  * minutes behind the payments it settles (a soak review on a server with autovacuum off).
  *
- * The `db.maintain` job does what autovacuum's defaults would: it analyzes a table once more than
- * 50 + 10% of its rows changed since it was last analyzed and, on PGlite, vacuums one whose dead
- * rows pass 50 + 20% (one a run: PGlite's one connection waits for it). On PostgreSQL it leaves
- * vacuuming to the server's operator, and with autovacuum on it does nothing.
+ * The `db.maintain` job does what autovacuum's defaults would: it analyzes a table never analyzed,
+ * or once more than 50 + 10% of its rows changed since it was last analyzed (counted by the
+ * statistics collector: with `track_counts` off nothing is counted, and only tables never
+ * analyzed are), and, on PGlite, vacuums one whose dead rows pass 50 + 20% (one a run: PGlite's
+ * one connection, on the event loop, waits for it). On PostgreSQL it leaves vacuuming to the
+ * server's operator, and with autovacuum on it does nothing.
  */
 import type { Database } from './database.ts';
 
@@ -25,6 +27,8 @@ interface TableStats {
   live: number;
   dead: number;
   changed: number;
+  /** never analyzed (`reltuples` -1): a new table, or one whose counts were lost (PGlite's restart, `track_counts` off) */
+  never: boolean;
 }
 
 /** Whether this database has no autovacuum of its own keeping its statistics. */
@@ -34,27 +38,38 @@ async function autovacuumMissing(db: Database): Promise<boolean> {
   return !row?.on;
 }
 
-/** The tables analyzed and vacuumed by this run (none where autovacuum runs). */
+/**
+ * The tables analyzed and vacuumed by this run (none where autovacuum runs). A table whose
+ * statement fails does not hold up the others: the first failure is thrown once all are done.
+ */
 export async function maintainTables(db: Database): Promise<{ analyzed: string[]; vacuumed: string[] }> {
   const done = { analyzed: [] as string[], vacuumed: [] as string[] };
   if (!(await autovacuumMissing(db))) return done;
   const tables = await db.query<TableStats>(
-    `SELECT relname AS table, n_live_tup::float8 AS live, n_dead_tup::float8 AS dead, n_mod_since_analyze::float8 AS changed
-     FROM pg_stat_user_tables WHERE schemaname = current_schema() ORDER BY relname`);
+    `SELECT c.relname AS table, COALESCE(s.n_live_tup, 0)::float8 AS live, COALESCE(s.n_dead_tup, 0)::float8 AS dead,
+            COALESCE(s.n_mod_since_analyze, 0)::float8 AS changed, c.reltuples < 0 AS never
+     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+     WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') ORDER BY c.relname`);
+  const failures: unknown[] = [];
+  const run = async (sql: string, table: string, into: string[]) => {
+    try {
+      await db.query(sql);
+      into.push(table);
+    } catch (error) {
+      failures.push(error);
+    }
+  };
   for (const stats of tables) {
-    if (stats.changed <= ANALYZE_BASE + ANALYZE_SCALE * stats.live) continue;
+    if (!stats.never && stats.changed <= ANALYZE_BASE + ANALYZE_SCALE * stats.live) continue;
     // SKIP_LOCKED: a table another process is analyzing (or a migration altering) is left to the next run.
-    await db.query(`ANALYZE (SKIP_LOCKED) ${quoted(stats.table)}`);
-    done.analyzed.push(stats.table);
+    await run(`ANALYZE (SKIP_LOCKED) ${quoted(stats.table)}`, stats.table, done.analyzed);
   }
   if (db.kind === 'pglite') {
     const bloated = tables.filter((stats) => stats.dead > VACUUM_BASE + VACUUM_SCALE * stats.live)
       .sort((a, b) => b.dead - a.dead)[0];
-    if (bloated) {
-      await db.query(`VACUUM (SKIP_LOCKED) ${quoted(bloated.table)}`);
-      done.vacuumed.push(bloated.table);
-    }
+    if (bloated) await run(`VACUUM (SKIP_LOCKED) ${quoted(bloated.table)}`, bloated.table, done.vacuumed);
   }
+  if (failures.length) throw failures[0];
   return done;
 }
 
