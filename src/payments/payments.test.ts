@@ -457,19 +457,18 @@ describe('payments', () => {
     const { ctx } = t.service;
     const submit = ctx.chain.submit;
     // Taken, and never run: a node that crashed before its slot, a leader that dropped it.
-    ctx.chain.submit = async () => {};
+    let sent = false;
+    ctx.chain.submit = async () => { sent = true; };
     let approval: Promise<{ status: number; body: any }>;
-    let row: { wire: string | null } | undefined;
     try {
       approval = t.request('POST', `/v1/payments/${awaiting.body.tx_id}/approve`);
-      while (!row) {
-        [row] = await ctx.db.query<{ wire: string | null }>(
-          `SELECT wire FROM transactions WHERE id = $1 AND status = 'pending' AND tx_signature IS NOT NULL`, [awaiting.body.tx_id]);
-        if (!row) await new Promise((resolve) => setTimeout(resolve, 20));
-      }
+      while (!sent) await new Promise((resolve) => setTimeout(resolve, 20));
     } finally {
       ctx.chain.submit = submit;
     }
+    const [row] = await ctx.db.query<{ wire: string | null }>(
+      `SELECT wire FROM transactions WHERE id = $1 AND status = 'pending' AND tx_signature IS NOT NULL`, [awaiting.body.tx_id]);
+    assert.ok(row, 'pending, signed');
     assert.notEqual(row.wire, null, 'recorded at approval with its signed bytes');
     await reconcilePending(ctx, 0);
     const approved = await approval;

@@ -519,19 +519,18 @@ describe('crash recovery', () => {
     for (const [kind, path, amount] of [['funding', 'fund', '3'], ['withdrawal', 'withdraw', '1']] as const) {
       const submit = ctx.chain.submit;
       // Taken, and never run: a node that crashed before its slot, a leader that dropped it.
-      ctx.chain.submit = async () => {};
+      let sent = false;
+      ctx.chain.submit = async () => { sent = true; };
       let answer: Promise<{ status: number; body: any }>;
-      let row: { id: string; wire: string | null } | undefined;
       try {
         answer = t.request('POST', `/v1/wallets/${wallet.wallet_id}/${path}`, { body: { amount, currency: 'USDC' } });
-        while (!row) {
-          [row] = await ctx.db.query<{ id: string; wire: string | null }>(
-            `SELECT id, wire FROM transactions WHERE wallet_id = $1 AND type = $2 AND status = 'pending'`, [wallet.wallet_id, kind]);
-          if (!row) await new Promise((resolve) => setTimeout(resolve, 20));
-        }
+        while (!sent) await new Promise((resolve) => setTimeout(resolve, 20));
       } finally {
         ctx.chain.submit = submit;
       }
+      const [row] = await ctx.db.query<{ id: string; wire: string | null }>(
+        `SELECT id, wire FROM transactions WHERE wallet_id = $1 AND type = $2 AND status = 'pending'`, [wallet.wallet_id, kind]);
+      assert.ok(row, `the ${kind} is pending`);
       assert.notEqual(row.wire, null, `the ${kind} is recorded with its signed bytes`);
       assert.equal(await reconcilePending(ctx, 0), 0, 'sent again, not yet settled');
       const answered = await answer;
