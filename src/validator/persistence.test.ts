@@ -362,7 +362,9 @@ describe('local validator persistence', () => {
         mkdirSync(join(dataDir, file));
       }
       const executed = await rpc.requestAirdrop(payer.address, lamports(2_000_000n)).send();
-      await pause(100); // its slot ended and its snapshot failed
+      // Its slot ended and its snapshot failed: halted (on a loaded machine this can take more
+      // than a few slots' time, so it is waited for, not assumed).
+      while (await health() !== 503) await pause(10);
       const height = await rpc.getBlockHeight().send();
       await pause(300); // fifteen slots' time
       assert.equal(await rpc.getBlockHeight().send(), height, 'no slot is made while halted');
